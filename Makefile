@@ -1,0 +1,55 @@
+# The two commands a newcomer needs:
+#   make demo   run the example project on SQLite
+#   make test   run the test suite (Python 3.11 + Django 5.2, then the newest Django on Python 3.12+)
+# Both create their virtualenvs and install what they need.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+PYTHON_LATEST ?= $(shell for v in python3.13 python3.12; do p=$$(command -v $$v) && { echo $$p; break; }; done; \
+	for v in 3.13 3.12; do d=$$(ls -d $$HOME/.pyenv/versions/$$v* 2>/dev/null | tail -1); \
+	[ -n "$$d" ] && { echo $$d/bin/python; break; }; done)
+VENV := .venv
+VENV_LATEST := .venv-latest
+
+.PHONY: demo serve test test-main test-latest lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -U pip
+	$(VENV)/bin/pip install -q -e ".[dev]"
+	touch $@
+
+$(VENV_LATEST)/.installed: pyproject.toml
+	@test -n "$(PYTHON_LATEST)" || { echo "No Python 3.12+ found: install one (pyenv install 3.12) or set PYTHON_LATEST=/path/to/python3.12"; exit 1; }
+	$(firstword $(PYTHON_LATEST)) -m venv $(VENV_LATEST)
+	$(VENV_LATEST)/bin/pip install -q -U pip
+	$(VENV_LATEST)/bin/pip install -q -e ".[dev]"
+	$(VENV_LATEST)/bin/pip install -q -U --upgrade-strategy only-if-needed Django
+	touch $@
+
+demo: $(VENV)/.installed
+	cd example_project && ../$(VENV)/bin/python manage.py migrate --no-input -v 0
+	cd example_project && ../$(VENV)/bin/python manage.py demo
+
+serve: $(VENV)/.installed
+	cd example_project && ../$(VENV)/bin/python manage.py migrate --no-input -v 0
+	cd example_project && ../$(VENV)/bin/python manage.py runserver
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test-main: $(VENV)/.installed
+	$(VENV)/bin/python -c "import django, sys; print('Python', sys.version.split()[0], 'Django', django.__version__)"
+	$(VENV)/bin/pytest
+
+test-latest: $(VENV_LATEST)/.installed
+	$(VENV_LATEST)/bin/python -c "import django, sys; print('Python', sys.version.split()[0], 'Django', django.__version__)"
+	$(VENV_LATEST)/bin/pytest
+
+test: lint test-main test-latest
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python benchmarks/leases.py
+
+clean:
+	rm -rf $(VENV) $(VENV_LATEST) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,162 @@
+"""``hold_lease``: run a block of code while holding a lease renewed in the background."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from types import TracebackType
+
+from pikku_django.leases.base import Lease, LeaseService, check_key, check_ttl
+from pikku_django.leases.errors import LeaseLostError, LeaseTakenError
+
+logger = logging.getLogger(__name__)
+
+#: Renewals per lease length: a failed renewal still leaves others before expiry.
+RENEWALS_PER_LEASE = 3
+
+
+def renewal_interval_s(ttl_ms: int) -> float:
+    """Seconds between renewals of a ``ttl_ms`` lease."""
+    return max(0.001, ttl_ms / RENEWALS_PER_LEASE / 1000)
+
+
+class HeldLease:
+    """A lease held for the length of a ``with`` block, renewed every ttl/3.
+
+    ``lost`` is a :class:`threading.Event` set the moment the lease is seen to be
+    lost; ``lease`` is the latest renewed value. Leaving the block stops renewing,
+    checks the lease once more, releases it, and raises :class:`LeaseLostError`
+    if it was lost at any point while the block ran.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        *,
+        ttl_ms: int | None = None,
+        service: LeaseService | None = None,
+        holder: str | None = None,
+    ) -> None:
+        from pikku_django.conf import pikku_settings
+        from pikku_django.leases.registry import get_lease_service
+
+        self.key = check_key(key)
+        self.ttl_ms = check_ttl(pikku_settings.LEASE_TTL_MS if ttl_ms is None else ttl_ms)
+        self.service = service if service is not None else get_lease_service()
+        self.holder = holder or f"{uuid.uuid4()}"
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._lease: Lease | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def lease(self) -> Lease:
+        """The lease as last acquired or renewed."""
+        if self._lease is None:
+            raise RuntimeError("hold_lease has not acquired its lease yet; use it in a with block")
+        return self._lease
+
+    @property
+    def token(self) -> int:
+        """The fencing token to pass to whatever the lease protects."""
+        return self.lease.token
+
+    def __enter__(self) -> HeldLease:
+        lease = self.service.acquire(self.key, self.holder, self.ttl_ms)
+        if lease is None:
+            raise LeaseTakenError(self.key)
+        self._lease = lease
+        self._thread = threading.Thread(
+            target=self._keep_alive, name=f"pikku-lease:{self.key}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def _renew(self) -> bool:
+        """True while the lease is ours; False once another holder has it. May raise."""
+        with self._lock:
+            renewed = self.service.refresh(self.lease, self.ttl_ms)
+            if renewed is not None:
+                self._lease = renewed
+            return renewed is not None
+
+    def _mark_lost(self, why: str) -> None:
+        if not self.lost.is_set():
+            logger.warning("Lease %r lost: %s", self.key, why)
+            self.lost.set()
+
+    def _keep_alive(self) -> None:
+        try:
+            interval = renewal_interval_s(self.ttl_ms)
+            held_until = time.monotonic() + self.ttl_ms / 1000
+            while not self.lost.is_set():
+                if self._stop.wait(interval):
+                    return
+                renewed_at = time.monotonic()
+                try:
+                    held = self._renew()
+                except Exception:
+                    logger.warning("Renewing lease %r failed; will retry", self.key, exc_info=True)
+                    if time.monotonic() >= held_until:
+                        self._mark_lost("renewals kept failing past its expiry")
+                    continue
+                if held:
+                    held_until = renewed_at + self.ttl_ms / 1000
+                else:
+                    self._mark_lost("another holder has it")
+        except BaseException:
+            logger.exception("The renewal thread of lease %r died; counting the lease lost", self.key)
+            self._mark_lost("its renewal thread died")
+
+    def _stop_renewing(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self._stop_renewing()
+            if exc_type is None:
+                # The last renewal may be a third of a lease old: check once more
+                # before vouching that the block ran under the lease.
+                try:
+                    still_held = not self.lost.is_set() and self._renew()
+                except Exception:
+                    logger.warning("Final check of lease %r failed", self.key, exc_info=True)
+                    still_held = False
+                if not still_held:
+                    self._mark_lost("it was not ours when the block finished")
+                    raise LeaseLostError(self.key)
+        finally:
+            try:
+                self.service.release(self.lease)
+            except Exception:
+                logger.warning("Releasing lease %r failed; it lapses by itself", self.key,
+                               exc_info=True)
+
+
+def hold_lease(
+    key: str,
+    *,
+    ttl_ms: int | None = None,
+    service: LeaseService | None = None,
+    holder: str | None = None,
+) -> HeldLease:
+    """Hold ``key`` for a ``with`` block, renewing it every ttl/3 in the background.
+
+    Raises :class:`LeaseTakenError` at once if someone else holds the key, and
+    :class:`LeaseLostError` on exit if the lease was lost while the block ran.
+    ``ttl_ms`` defaults to ``PIKKU['LEASE_TTL_MS']``; ``service`` to the app's.
+
+        with hold_lease("nightly-report") as held:
+            build_report(fencing_token=held.token, stop=held.lost)
+    """
+    return HeldLease(key, ttl_ms=ttl_ms, service=service, holder=holder)

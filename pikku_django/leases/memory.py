@@ -1,0 +1,79 @@
+"""An in-process lease backend, for tests and single-process use."""
+
+from __future__ import annotations
+
+import threading
+
+from pikku_django.leases.base import (
+    Lease,
+    LeaseService,
+    check_holder,
+    check_key,
+    check_lease,
+    check_ttl,
+    now_ms,
+)
+
+
+class InMemoryLeaseService(LeaseService):
+    """Leases in a dict guarded by a lock; visible to this process only."""
+
+    judged_on_store_clock = False
+    shared_between_processes = False
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._leases: dict[str, Lease] = {}
+        self._tokens: dict[str, int] = {}
+
+    def acquire(self, key: str, holder: str, ttl_ms: int) -> Lease | None:
+        check_key(key)
+        check_holder(holder)
+        check_ttl(ttl_ms)
+        with self._lock:
+            now = now_ms()
+            current = self._leases.get(key)
+            if current is not None and current.expires_at > now:
+                if current.holder != holder:
+                    return None
+                lease = Lease(key, holder, current.token, now + ttl_ms)
+            else:
+                token = self._tokens.get(key, 0) + 1
+                self._tokens[key] = token
+                lease = Lease(key, holder, token, now + ttl_ms)
+            self._leases[key] = lease
+            return lease
+
+    def refresh(self, lease: Lease, ttl_ms: int) -> Lease | None:
+        check_lease(lease)
+        check_ttl(ttl_ms)
+        with self._lock:
+            now = now_ms()
+            current = self._leases.get(lease.key)
+            if (
+                current is None
+                or current.expires_at <= now
+                or current.holder != lease.holder
+                or current.token != lease.token
+            ):
+                return None
+            renewed = Lease(lease.key, lease.holder, lease.token, now + ttl_ms)
+            self._leases[lease.key] = renewed
+            return renewed
+
+    def release(self, lease: Lease) -> bool:
+        check_lease(lease)
+        with self._lock:
+            current = self._leases.get(lease.key)
+            if current is None or current.holder != lease.holder or current.token != lease.token:
+                return False
+            del self._leases[lease.key]
+            return True
+
+    def get(self, key: str) -> Lease | None:
+        check_key(key)
+        with self._lock:
+            current = self._leases.get(key)
+            if current is None or current.expires_at <= now_ms():
+                return None
+            return current

@@ -1,0 +1,475 @@
+"""A conformance suite for lease services, reusable by any backend.
+
+Subclass the contracts in a test module, under a name pytest collects, and give
+them a ``lease_service`` fixture that yields a fresh, empty service::
+
+    class TestMyLeases(SharedLeaseServiceContract, StoreClockLeaseContract):
+        @pytest.fixture
+        def lease_service(self):
+            yield MyLeaseService(...)
+
+        @pytest.fixture
+        def lease_service_factory(self):
+            return MyFactory(...)  # picklable; builds the same store in a new process
+
+:class:`LeaseServiceContract` covers every behaviour of a lease service;
+:class:`SharedLeaseServiceContract` adds separate processes racing for a key,
+and :class:`StoreClockLeaseContract` a holder whose clock runs an hour fast.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from pikku_django.leases import (
+    Lease,
+    LeaseLostError,
+    LeaseService,
+    LeaseTakenError,
+    hold_lease,
+)
+
+HOUR = 60 * 60 * 1000
+#: A lease a test lets lapse; it must outlive a real database's round trips.
+SHORT = 500
+#: The lease hold_lease renews in tests.
+RENEWED = 1_000
+#: How many callers race for one key.
+RACERS = 20
+
+
+def wait_ms(ms: float) -> None:
+    time.sleep(ms / 1000)
+
+
+@contextmanager
+def clock_ahead(ms: int) -> Iterator[None]:
+    """This process's wall clock, as every module reads it, runs ``ms`` fast."""
+    real = time.time
+    with mock.patch("time.time", lambda: real() + ms / 1000):
+        yield
+
+
+class LeaseServiceContract:
+    """Every behaviour a lease service must show."""
+
+    @pytest.fixture
+    def lease_service(self) -> Iterator[LeaseService]:
+        raise NotImplementedError("provide a lease_service fixture yielding a fresh service")
+
+    # -- one holder at a time ------------------------------------------------
+
+    def test_one_holder_at_a_time(self, lease_service: LeaseService) -> None:
+        a = lease_service.acquire("stage", "a", HOUR)
+        assert a is not None
+        assert a.holder == "a"
+        assert a.token == 1
+        assert a.key == "stage"
+        assert lease_service.acquire("stage", "b", HOUR) is None
+        got = lease_service.get("stage")
+        assert got is not None
+        assert got.holder == "a"
+
+    def test_keys_are_independent(self, lease_service: LeaseService) -> None:
+        assert lease_service.acquire("one", "a", HOUR) is not None
+        b = lease_service.acquire("two", "b", HOUR)
+        assert b is not None
+        assert b.holder == "b"
+
+    def test_holder_reacquires_under_same_token(self, lease_service: LeaseService) -> None:
+        first = lease_service.acquire("stage", "a", SHORT)
+        again = lease_service.acquire("stage", "a", HOUR)
+        assert first is not None
+        assert again is not None
+        assert again.token == first.token
+        assert again.expires_at > first.expires_at
+
+    def test_lapsed_lease_passes_on_with_higher_token(self, lease_service: LeaseService) -> None:
+        a = lease_service.acquire("stage", "a", SHORT)
+        assert a is not None
+        wait_ms(2 * SHORT)
+        assert lease_service.get("stage") is None
+        b = lease_service.acquire("stage", "b", HOUR)
+        assert b is not None
+        assert b.holder == "b"
+        assert b.token == a.token + 1
+        assert lease_service.refresh(a, HOUR) is None
+
+    def test_holder_reacquiring_a_lapsed_lease_gets_new_token(
+        self, lease_service: LeaseService
+    ) -> None:
+        a = lease_service.acquire("stage", "a", SHORT)
+        assert a is not None
+        wait_ms(2 * SHORT)
+        again = lease_service.acquire("stage", "a", HOUR)
+        assert again is not None
+        assert again.token == a.token + 1
+
+    def test_release_frees_key_and_token_keeps_rising(self, lease_service: LeaseService) -> None:
+        a = lease_service.acquire("stage", "a", HOUR)
+        assert a is not None
+        assert lease_service.release(a) is True
+        assert lease_service.get("stage") is None
+        b = lease_service.acquire("stage", "b", HOUR)
+        assert b is not None
+        assert b.token == a.token + 1
+
+    def test_stale_lease_cannot_release_new_holder(self, lease_service: LeaseService) -> None:
+        a = lease_service.acquire("stage", "a", SHORT)
+        assert a is not None
+        wait_ms(2 * SHORT)
+        assert lease_service.acquire("stage", "b", HOUR) is not None
+        assert lease_service.release(a) is False
+        got = lease_service.get("stage")
+        assert got is not None
+        assert got.holder == "b"
+
+    def test_refresh_extends_live_lease(self, lease_service: LeaseService) -> None:
+        a = lease_service.acquire("stage", "a", SHORT)
+        assert a is not None
+        refreshed = lease_service.refresh(a, HOUR)
+        assert refreshed is not None
+        assert refreshed.token == a.token
+        assert refreshed.expires_at > a.expires_at
+        wait_ms(2 * SHORT)
+        assert lease_service.acquire("stage", "b", HOUR) is None
+
+    def test_stale_token_is_refused(self, lease_service: LeaseService) -> None:
+        a = lease_service.acquire("stage", "a", HOUR)
+        assert a is not None
+        assert lease_service.release(a)
+        again = lease_service.acquire("stage", "a", HOUR)
+        assert again is not None
+        assert again.token == a.token + 1
+        # Same key and holder, older token: neither refresh nor release may touch it.
+        assert lease_service.refresh(a, HOUR) is None
+        assert lease_service.release(a) is False
+        forged = Lease("stage", "a", again.token + 1, again.expires_at)
+        assert lease_service.refresh(forged, HOUR) is None
+        assert lease_service.release(forged) is False
+        assert lease_service.get("stage") == again
+
+    def test_other_holder_with_right_token_is_refused(self, lease_service: LeaseService) -> None:
+        a = lease_service.acquire("stage", "a", HOUR)
+        assert a is not None
+        impostor = Lease("stage", "b", a.token, a.expires_at)
+        assert lease_service.refresh(impostor, HOUR) is None
+        assert lease_service.release(impostor) is False
+        got = lease_service.get("stage")
+        assert got is not None
+        assert got.holder == "a"
+
+    def test_refresh_of_released_lease_is_refused(self, lease_service: LeaseService) -> None:
+        a = lease_service.acquire("stage", "a", HOUR)
+        assert a is not None
+        assert lease_service.release(a)
+        assert lease_service.refresh(a, HOUR) is None
+        assert lease_service.get("stage") is None
+
+    def test_get_of_unknown_key_is_none(self, lease_service: LeaseService) -> None:
+        assert lease_service.get("never-taken") is None
+
+    def test_lease_value_is_immutable(self, lease_service: LeaseService) -> None:
+        a = lease_service.acquire("stage", "a", HOUR)
+        assert a is not None
+        with pytest.raises(AttributeError):
+            a.token = 99  # type: ignore[misc]
+
+    # -- bad input -----------------------------------------------------------
+
+    @pytest.mark.parametrize("ttl", [0, -1, -HOUR])
+    def test_non_positive_ttl_is_refused(self, lease_service: LeaseService, ttl: int) -> None:
+        with pytest.raises(ValueError, match="ttl_ms"):
+            lease_service.acquire("stage", "a", ttl)
+        a = lease_service.acquire("stage", "a", HOUR)
+        assert a is not None
+        with pytest.raises(ValueError, match="ttl_ms"):
+            lease_service.refresh(a, ttl)
+        assert lease_service.get("stage") == a
+
+    @pytest.mark.parametrize("ttl", [1.5, "1000", None, True])
+    def test_ttl_must_be_int(self, lease_service: LeaseService, ttl: Any) -> None:
+        with pytest.raises(ValueError, match="ttl_ms"):
+            lease_service.acquire("stage", "a", ttl)
+        assert lease_service.get("stage") is None
+
+    @pytest.mark.parametrize("key", ["", None, 7, "x" * 256, "nul\x00"])
+    def test_bad_key_is_refused(self, lease_service: LeaseService, key: Any) -> None:
+        with pytest.raises(ValueError, match="key"):
+            lease_service.acquire(key, "a", HOUR)
+        with pytest.raises(ValueError, match="key"):
+            lease_service.get(key)
+
+    @pytest.mark.parametrize("holder", ["", None, "h" * 256])
+    def test_bad_holder_is_refused(self, lease_service: LeaseService, holder: Any) -> None:
+        with pytest.raises(ValueError, match="holder"):
+            lease_service.acquire("stage", holder, HOUR)
+        assert lease_service.get("stage") is None
+
+    def test_refresh_and_release_need_a_lease(self, lease_service: LeaseService) -> None:
+        with pytest.raises(ValueError, match="Lease"):
+            lease_service.refresh("stage", HOUR)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="Lease"):
+            lease_service.release(("stage", "a", 1, 0))  # type: ignore[arg-type]
+
+    # -- concurrency ---------------------------------------------------------
+
+    def test_concurrent_acquires_admit_one_holder(self, lease_service: LeaseService) -> None:
+        self._race_threads(lease_service, 5)
+
+    def test_twenty_threads_admit_one_holder(self, lease_service: LeaseService) -> None:
+        self._race_threads(lease_service, RACERS)
+
+    @staticmethod
+    def _race_threads(lease_service: LeaseService, n: int) -> None:
+        barrier = threading.Barrier(n)
+        results: list[Lease | None] = [None] * n
+        errors: list[BaseException] = []
+
+        def race(i: int) -> None:
+            try:
+                barrier.wait(timeout=30)
+                results[i] = lease_service.acquire("stage", f"holder-{i}", HOUR)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=race, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        winners = [r for r in results if r is not None]
+        assert len(winners) == 1, winners
+        got = lease_service.get("stage")
+        assert got is not None
+        assert got.holder == winners[0].holder
+
+    # -- hold_lease ----------------------------------------------------------
+
+    def test_hold_lease_hands_body_its_lease_and_frees_key(
+        self, lease_service: LeaseService
+    ) -> None:
+        with hold_lease("stage", service=lease_service) as held:
+            seen = held.lease
+            assert lease_service.get("stage") == seen
+        assert seen.key == "stage"
+        assert lease_service.get("stage") is None
+
+    def test_hold_lease_refuses_taken_key(self, lease_service: LeaseService) -> None:
+        assert lease_service.acquire("stage", "a", HOUR) is not None
+        started = time.monotonic()
+        ran = False
+        with pytest.raises(LeaseTakenError), hold_lease("stage", service=lease_service):
+            ran = True
+        assert not ran
+        assert time.monotonic() - started < 5, "hold_lease waited for a taken key"
+        got = lease_service.get("stage")
+        assert got is not None
+        assert got.holder == "a"
+
+    def test_hold_lease_frees_key_when_body_raises(self, lease_service: LeaseService) -> None:
+        with pytest.raises(RuntimeError, match="boom"), hold_lease("stage", service=lease_service):
+            raise RuntimeError("boom")
+        assert lease_service.get("stage") is None
+
+    def test_hold_lease_refuses_to_vouch_for_body_that_outlived_lease(
+        self, lease_service: LeaseService
+    ) -> None:
+        with (
+            pytest.raises(LeaseLostError),
+            hold_lease("stage", service=lease_service, ttl_ms=RENEWED) as held,
+        ):
+            lease_service.release(held.lease)
+            assert lease_service.acquire("stage", "other", HOUR) is not None
+            wait_ms(RENEWED)
+        got = lease_service.get("stage")
+        assert got is not None
+        assert got.holder == "other"
+
+    def test_hold_lease_notices_loss_after_last_renewal(self, lease_service: LeaseService) -> None:
+        with pytest.raises(LeaseLostError), hold_lease("stage", service=lease_service) as held:
+            lease_service.release(held.lease)
+            assert lease_service.acquire("stage", "other", HOUR) is not None
+            # finished before any renewal ran
+        got = lease_service.get("stage")
+        assert got is not None
+        assert got.holder == "other"
+
+    def test_hold_lease_tells_body_once_lease_is_lost(self, lease_service: LeaseService) -> None:
+        told = False
+        with (
+            pytest.raises(LeaseLostError),
+            hold_lease("stage", service=lease_service, ttl_ms=RENEWED) as held,
+        ):
+            lease_service.release(held.lease)
+            assert lease_service.acquire("stage", "other", HOUR) is not None
+            told = held.lost.wait(5 * RENEWED / 1000)
+        assert told, "the body was never told its lease was gone"
+
+    def test_hold_lease_keeps_lease_alive_past_ttl(self, lease_service: LeaseService) -> None:
+        with hold_lease("stage", service=lease_service, ttl_ms=RENEWED) as held:
+            first = held.lease
+            wait_ms(2 * RENEWED)
+            got = lease_service.get("stage")
+            assert got is not None, "the lease lapsed mid-body"
+            assert got.token == first.token
+            assert not held.lost.is_set()
+        assert lease_service.get("stage") is None
+
+    def test_hold_lease_rejects_bad_ttl(self, lease_service: LeaseService) -> None:
+        with pytest.raises(ValueError, match="ttl_ms"):
+            hold_lease("stage", service=lease_service, ttl_ms=0)
+        with pytest.raises(ValueError, match="key"):
+            hold_lease("", service=lease_service)
+        assert lease_service.get("stage") is None
+
+
+def _acquire_in_child(
+    factory: Callable[[], LeaseService],
+    key: str,
+    holder: str,
+    barrier: Any,
+    results: Any,
+) -> None:
+    try:
+        service = factory()
+        service.get(key)  # connect before the race starts
+        barrier.wait(timeout=120)
+        lease = service.acquire(key, holder, HOUR)
+        results.put((holder, None if lease is None else lease.token, None))
+        service.close()
+    except BaseException as exc:
+        results.put((holder, None, repr(exc)))
+
+
+class SharedLeaseServiceContract(LeaseServiceContract):
+    """A lease service whose leases every process on the store shares.
+
+    Needs a ``lease_service_factory`` fixture: a picklable callable that builds,
+    in a freshly spawned process, a service on the same store as ``lease_service``.
+    """
+
+    @pytest.fixture
+    def lease_service_factory(self) -> Callable[[], LeaseService]:
+        raise NotImplementedError("provide a lease_service_factory fixture")
+
+    def test_twenty_processes_admit_one_holder(
+        self,
+        lease_service: LeaseService,
+        lease_service_factory: Callable[[], LeaseService],
+    ) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        barrier = ctx.Barrier(RACERS)
+        results = ctx.Queue()
+        procs = [
+            ctx.Process(
+                target=_acquire_in_child,
+                args=(lease_service_factory, "stage", f"process-{i}", barrier, results),
+            )
+            for i in range(RACERS)
+        ]
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=180) for _ in procs]
+        for p in procs:
+            p.join(60)
+        errors = [o for o in outcomes if o[2] is not None]
+        assert not errors, errors
+        winners = [o for o in outcomes if o[1] is not None]
+        assert len(winners) == 1, winners
+        got = lease_service.get("stage")
+        assert got is not None
+        assert got.holder == winners[0][0]
+        assert got.token == winners[0][1]
+
+
+class StoreClockLeaseContract:
+    """A lease service that judges time on the store's clock, not the caller's."""
+
+    def test_fast_clock_cannot_take_live_lease(self, lease_service: LeaseService) -> None:
+        a = lease_service.acquire("stage", "a", 5_000)
+        assert a is not None
+        with clock_ahead(HOUR):
+            assert lease_service.acquire("stage", "b", 5_000) is None
+            got = lease_service.get("stage")
+        assert got is not None
+        assert got.holder == "a"
+
+    def test_fast_clock_cannot_stretch_own_lease(self, lease_service: LeaseService) -> None:
+        real_now = int(time.time() * 1000)
+        with clock_ahead(HOUR):
+            a = lease_service.acquire("stage", "a", SHORT)
+            assert a is not None
+            assert a.expires_at < real_now + HOUR / 2, "acquire was judged on the process clock"
+            refreshed = lease_service.refresh(a, SHORT)
+            assert refreshed is not None
+            assert refreshed.expires_at < real_now + HOUR / 2, (
+                "refresh was judged on the process clock"
+            )
+        wait_ms(2 * SHORT)
+        with clock_ahead(HOUR):
+            assert lease_service.refresh(a, SHORT) is None
+        assert lease_service.get("stage") is None
+        b = lease_service.acquire("stage", "b", HOUR)
+        assert b is not None
+
+    def test_slow_clock_cannot_keep_lapsed_lease(self, lease_service: LeaseService) -> None:
+        a = lease_service.acquire("stage", "a", SHORT)
+        assert a is not None
+        wait_ms(2 * SHORT)
+        with clock_ahead(-HOUR):
+            assert lease_service.refresh(a, SHORT) is None
+            assert lease_service.get("stage") is None
+            b = lease_service.acquire("stage", "b", HOUR)
+        assert b is not None
+        assert b.token == a.token + 1
+
+
+# -- factories for separate processes ------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatabaseServiceFactory:
+    """Builds a database lease service on ``settings_dict`` in a fresh process."""
+
+    settings_dict: dict[str, Any] = field(hash=False)
+
+    def __call__(self) -> LeaseService:
+        from django.conf import settings
+
+        if not settings.configured:
+            settings.configure(DATABASES={"default": dict(self.settings_dict)}, USE_TZ=True)
+        from pikku_django.leases.database import DatabaseLeaseService
+
+        return DatabaseLeaseService("default")
+
+
+@dataclass(frozen=True)
+class RedisServiceFactory:
+    """Builds a redis lease service on ``url`` and ``prefix`` in a fresh process."""
+
+    url: str
+    prefix: str
+
+    def __call__(self) -> LeaseService:
+        import redis
+
+        from pikku_django.leases.redis import RedisLeaseService
+
+        return RedisLeaseService(client=redis.Redis.from_url(self.url), prefix=self.prefix)
+
+
+def unique_prefix() -> str:
+    """A Redis key prefix no other test uses."""
+    return f"pikku-test:{uuid.uuid4().hex}:"

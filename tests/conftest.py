@@ -1,0 +1,73 @@
+"""Fixtures that put the suite on each real service, and CI's no-skip rule."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from django.conf import settings
+from django.db import connections
+
+from pikku_django.leases.database import (
+    DatabaseLeaseService,
+    close_database_lease_connections,
+)
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+#: Database aliases of tests/settings.py, by the vendor name tests use.
+DATABASE_ALIASES = {"sqlite": "default", "postgres": "postgres", "mariadb": "mariadb"}
+
+
+def require_service(name: str) -> None:
+    """Skip (or, under CI, fail) unless ``name`` is part of this run."""
+    reason = settings.UNAVAILABLE.get(name)
+    if reason is None:
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def database_alias(vendor: str) -> str:
+    """The DATABASES alias for ``vendor``, skipping if the service is not up."""
+    if vendor != "sqlite":
+        require_service(vendor)
+    return DATABASE_ALIASES[vendor]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_lease_connections(django_db_setup: None) -> Iterator[None]:
+    # Test databases cannot be dropped while lease connections are open to them.
+    yield
+    close_database_lease_connections()
+
+
+def fresh_database_lease_service(alias: str, **options: object) -> DatabaseLeaseService:
+    """A database lease service on ``alias`` with an empty lease table."""
+    service = DatabaseLeaseService(alias, **options)
+    with service._pool.connection() as conn:
+        cursor = conn.connection.cursor()
+        cursor.execute("DELETE FROM pikku_lease")
+        cursor.close()
+    return service
+
+
+def spawn_settings_dict(alias: str) -> dict[str, object]:
+    """The settings of ``alias``'s test database, for a process spawned by a test."""
+    return dict(connections[alias].settings_dict)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under CI a skipped test is a failure: every backend must run."""
+    if not IN_CI:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    if skipped:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if reporter:
+            reporter.write_line(
+                f"CI=true: {len(skipped)} test(s) skipped, which fails the run.", red=True
+            )

@@ -1,0 +1,126 @@
+"""Settings for pikku_django's own test suite.
+
+SQLite is always on. PostgreSQL, MariaDB and Redis are added when reachable at
+the URLs below (override them with the environment variables named here):
+
+    PIKKU_TEST_POSTGRES_URL  default postgres://postgres@127.0.0.1:5432/postgres
+    PIKKU_TEST_MARIADB_URL   default mysql://root@127.0.0.1:3306/test
+    PIKKU_TEST_REDIS_URL     default redis://127.0.0.1:6379/15
+
+Set a URL to "off" to leave that service out on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent
+SECRET_KEY = "pikku-tests-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "pikku_django",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+SERVICE_URLS = {
+    "postgres": os.environ.get(
+        "PIKKU_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres"
+    ),
+    "mariadb": os.environ.get("PIKKU_TEST_MARIADB_URL", "mysql://root@127.0.0.1:3306/test"),
+    "redis": os.environ.get("PIKKU_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"),
+}
+ENV_VARS = {
+    "postgres": "PIKKU_TEST_POSTGRES_URL",
+    "mariadb": "PIKKU_TEST_MARIADB_URL",
+    "redis": "PIKKU_TEST_REDIS_URL",
+}
+
+#: Why each service that is not in this run was left out.
+UNAVAILABLE: dict[str, str] = {}
+
+
+def _reachable(name: str, url: str, default_port: int) -> bool:
+    if url.strip().lower() == "off":
+        UNAVAILABLE[name] = f"{ENV_VARS[name]} is 'off'"
+        return False
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or default_port
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError as exc:
+        UNAVAILABLE[name] = (
+            f"{name} is not reachable at {host}:{port} ({exc}). Start it, or point "
+            f"{ENV_VARS[name]} at a running server, to run these tests."
+        )
+        return False
+
+
+# A file, not memory: lease connections and worker processes share it.
+_sqlite_dir = Path(os.environ.get("PIKKU_TEST_SQLITE_DIR", tempfile.gettempdir()))
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(_sqlite_dir / "pikku_tests.sqlite3"),
+        "OPTIONS": {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
+        "TEST": {"NAME": str(_sqlite_dir / f"pikku_tests_{os.getpid()}.sqlite3")},
+    }
+}
+if _reachable("postgres", SERVICE_URLS["postgres"], 5432):
+    DATABASES["postgres"] = dj_database_url.parse(SERVICE_URLS["postgres"])
+if _reachable("mariadb", SERVICE_URLS["mariadb"], 3306):
+    DATABASES["mariadb"] = dj_database_url.parse(SERVICE_URLS["mariadb"])
+    DATABASES["mariadb"]["OPTIONS"] = {"charset": "utf8mb4"}
+    DATABASES["mariadb"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}
+
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+if _reachable("redis", SERVICE_URLS["redis"], 6379):
+    CACHES["redis"] = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": SERVICE_URLS["redis"],
+        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+    }
+
+PIKKU: dict[str, object] = {}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"pikku_django": {"handlers": ["console"], "level": "WARNING"}},
+}
