@@ -3,16 +3,20 @@
 #   make test   run the test suite (Python 3.11 + Django 5.2, then the newest Django on Python 3.12+)
 # Both create their virtualenvs and install what they need.
 
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
-PYTHON_LATEST ?= $(shell for v in python3.13 python3.12; do p=$$(command -v $$v) && { echo $$p; break; }; done; \
-	for v in 3.13 3.12; do d=$$(ls -d $$HOME/.pyenv/versions/$$v* 2>/dev/null | tail -1); \
-	[ -n "$$d" ] && { echo $$d/bin/python; break; }; done)
+# A Python 3.11 for the oldest supported pair, and 3.12+ for the newest Django.
+find_python = $(shell for c in $(1); do $$c -c 'import sys; sys.exit(not ($(2)))' 2>/dev/null \
+	&& { echo $$c; break; }; done)
+PYTHON ?= $(call find_python,python3.11 $$HOME/.pyenv/versions/3.11*/bin/python python3,\
+	sys.version_info >= (3, 11))
+PYTHON_LATEST ?= $(call find_python,python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bin/python \
+	$$HOME/.pyenv/versions/3.12*/bin/python,sys.version_info >= (3, 12))
 VENV := .venv
 VENV_LATEST := .venv-latest
 
 .PHONY: demo serve test test-main test-latest lint bench clean
 
 $(VENV)/.installed: pyproject.toml
+	@test -n "$(PYTHON)" || { echo "No Python 3.11+ found: install one or set PYTHON=/path/to/python3.11"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -U pip
 	$(VENV)/bin/pip install -q -e ".[dev]"
@@ -20,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 
 $(VENV_LATEST)/.installed: pyproject.toml
 	@test -n "$(PYTHON_LATEST)" || { echo "No Python 3.12+ found: install one (pyenv install 3.12) or set PYTHON_LATEST=/path/to/python3.12"; exit 1; }
-	$(firstword $(PYTHON_LATEST)) -m venv $(VENV_LATEST)
+	$(PYTHON_LATEST) -m venv $(VENV_LATEST)
 	$(VENV_LATEST)/bin/pip install -q -U pip
 	$(VENV_LATEST)/bin/pip install -q -e ".[dev]"
 	$(VENV_LATEST)/bin/pip install -q -U --upgrade-strategy only-if-needed Django

@@ -30,7 +30,7 @@ from tests.conftest import (
 class TestInMemoryLeases(LeaseServiceContract):
     @pytest.fixture
     def lease_service(self) -> Iterator[LeaseService]:
-        yield InMemoryLeaseService()
+        return InMemoryLeaseService()
 
 
 @pytest.mark.django_db(databases="__all__")
@@ -86,7 +86,7 @@ class TestRedisLeases(SharedLeaseServiceContract, StoreClockLeaseContract):
 
     @pytest.fixture
     def lease_service(self, redis_prefix: str) -> Iterator[LeaseService]:
-        yield RedisLeaseService("redis", prefix=redis_prefix)
+        return RedisLeaseService("redis", prefix=redis_prefix)
 
     @pytest.fixture
     def lease_service_factory(self, redis_prefix: str) -> RedisServiceFactory:

@@ -39,10 +39,10 @@ class LeaseAdmin(admin.ModelAdmin):
     Deleting a row would reset its fencing token, so nobody may.
     """
 
-    list_display = ["key", "holder", "token", "live", "expires"]
-    list_filter = [LiveFilter]
-    search_fields = ["key", "holder"]
-    readonly_fields = ["key", "holder", "token", "expires_at", "expires"]
+    list_display = ("key", "holder", "token", "live", "expires")
+    list_filter = (LiveFilter,)
+    search_fields = ("key", "holder")
+    readonly_fields = ("key", "holder", "token", "expires_at", "expires")
 
     @admin.display(boolean=True, description=_("live"))
     def live(self, obj: Lease) -> bool:

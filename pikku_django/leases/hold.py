@@ -108,7 +108,9 @@ class HeldLease:
                 else:
                     self._mark_lost("another holder has it")
         except BaseException:
-            logger.exception("The renewal thread of lease %r died; counting the lease lost", self.key)
+            logger.exception(
+                "The renewal thread of lease %r died; counting the lease lost", self.key
+            )
             self._mark_lost("its renewal thread died")
 
     def _stop_renewing(self) -> None:
@@ -139,8 +141,9 @@ class HeldLease:
             try:
                 self.service.release(self.lease)
             except Exception:
-                logger.warning("Releasing lease %r failed; it lapses by itself", self.key,
-                               exc_info=True)
+                logger.warning(
+                    "Releasing lease %r failed; it lapses by itself", self.key, exc_info=True
+                )
 
 
 def hold_lease(

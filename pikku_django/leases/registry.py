@@ -27,9 +27,7 @@ def build_lease_service() -> LeaseService:
     if backend == "redis":
         from pikku_django.leases.redis import RedisLeaseService
 
-        return RedisLeaseService(
-            pikku_settings.LEASE_CACHE, prefix=pikku_settings.LEASE_KEY_PREFIX
-        )
+        return RedisLeaseService(pikku_settings.LEASE_CACHE, prefix=pikku_settings.LEASE_KEY_PREFIX)
     if backend == "memory":
         from pikku_django.leases.memory import InMemoryLeaseService
 

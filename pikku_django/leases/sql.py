@@ -108,7 +108,9 @@ class MySQLLeaseSQL(LeaseSQL):
     RELEASE = (
         "UPDATE pikku_lease SET expires_at = 0 WHERE `key` = %s AND holder = %s AND token = %s"
     )
-    GET = f"SELECT holder, token, expires_at FROM pikku_lease WHERE `key` = %s AND expires_at > {NOW}"
+    GET = (
+        f"SELECT holder, token, expires_at FROM pikku_lease WHERE `key` = %s AND expires_at > {NOW}"
+    )
 
     def acquire(self, cursor: Any, key: str, holder: str, ttl_ms: int) -> Row | None:
         cursor.execute(self.UPSERT, (key, holder, ttl_ms))

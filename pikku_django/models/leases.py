@@ -18,15 +18,13 @@ class Lease(models.Model):
     key = models.CharField(_("key"), max_length=255, primary_key=True)
     holder = models.CharField(_("holder"), max_length=255)
     token = models.BigIntegerField(_("fencing token"))
-    expires_at = models.BigIntegerField(
-        _("expires at (epoch ms)"), help_text=_("0 once released")
-    )
+    expires_at = models.BigIntegerField(_("expires at (epoch ms)"), help_text=_("0 once released"))
 
     class Meta:
         db_table = "pikku_lease"
         verbose_name = _("lease")
         verbose_name_plural = _("leases")
-        ordering = ["key"]
+        ordering = ("key",)
 
     def __str__(self) -> str:
         return f"{self.key} held by {self.holder} (token {self.token})"

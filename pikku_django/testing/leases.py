@@ -56,7 +56,11 @@ def wait_ms(ms: float) -> None:
 def clock_ahead(ms: int) -> Iterator[None]:
     """This process's wall clock, as every module reads it, runs ``ms`` fast."""
     real = time.time
-    with mock.patch("time.time", lambda: real() + ms / 1000):
+
+    def skewed() -> float:
+        return real() + ms / 1000
+
+    with mock.patch("time.time", skewed):
         yield
 
 

@@ -1,0 +1,1 @@
+"""Settings package of the pikku_django example project."""

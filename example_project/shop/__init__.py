@@ -1,0 +1,1 @@
+"""A stand-in for your own app: it holds the ``demo`` management command."""

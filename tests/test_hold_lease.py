@@ -1,0 +1,151 @@
+"""hold_lease when renewals fail, stall or crash, on a service we can make misbehave."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from pikku_django.leases import (
+    InMemoryLeaseService,
+    Lease,
+    LeaseLostError,
+    LeaseTakenError,
+    hold_lease,
+)
+from pikku_django.leases.hold import renewal_interval_s
+
+TTL = 600
+
+
+class FlakyLeaseService(InMemoryLeaseService):
+    """An in-memory service whose refresh can be made to raise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_refresh: BaseException | None = None
+        self.refreshes = 0
+        self.refresh_times: list[float] = []
+
+    def refresh(self, lease: Lease, ttl_ms: int) -> Lease | None:
+        self.refreshes += 1
+        self.refresh_times.append(time.monotonic())
+        if self.fail_refresh is not None:
+            raise self.fail_refresh
+        return super().refresh(lease, ttl_ms)
+
+
+def test_renewal_runs_every_third_of_the_ttl() -> None:
+    service = FlakyLeaseService()
+    with hold_lease("job", service=service, ttl_ms=TTL):
+        time.sleep(TTL * 2.2 / 1000)
+    gaps = [b - a for a, b in zip(service.refresh_times, service.refresh_times[1:], strict=False)]
+    assert service.refreshes >= 5
+    assert all(gap < TTL / 1000 / 2 for gap in gaps[:-1]), gaps
+    assert renewal_interval_s(TTL) == pytest.approx(0.2)
+
+
+def test_a_failing_renewal_is_not_a_lost_lease() -> None:
+    service = FlakyLeaseService()
+    with hold_lease("job", service=service, ttl_ms=TTL) as held:
+        service.fail_refresh = ConnectionError("store unreachable")
+        time.sleep(TTL * 0.5 / 1000)  # one renewal fails, well inside the lease
+        assert not held.lost.is_set()
+        service.fail_refresh = None
+        time.sleep(TTL * 0.5 / 1000)
+        assert not held.lost.is_set()
+    assert service.get("job") is None
+
+
+def test_renewals_failing_past_expiry_lose_the_lease(caplog: pytest.LogCaptureFixture) -> None:
+    service = FlakyLeaseService()
+    with pytest.raises(LeaseLostError), hold_lease("job", service=service, ttl_ms=TTL) as held:
+        service.fail_refresh = ConnectionError("store unreachable")
+        assert held.lost.wait(3 * TTL / 1000), "renewals failed past expiry but nobody was told"
+        service.fail_refresh = None
+    assert "lost" in caplog.text
+
+
+def test_lost_is_not_set_before_the_last_good_expiry() -> None:
+    service = FlakyLeaseService()
+    with pytest.raises(LeaseLostError), hold_lease("job", service=service, ttl_ms=TTL) as held:
+        started = time.monotonic()
+        service.fail_refresh = ConnectionError("store unreachable")
+        assert held.lost.wait(3 * TTL / 1000)
+        assert time.monotonic() - started >= TTL / 1000 * 0.6
+
+
+def test_a_crashed_renewal_thread_is_reported_and_counts_as_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = FlakyLeaseService()
+    caplog.set_level(logging.ERROR, logger="pikku_django")
+    with pytest.raises(LeaseLostError), hold_lease("job", service=service, ttl_ms=TTL) as held:
+        service.fail_refresh = SystemExit("renewal thread killed")
+        assert held.lost.wait(2 * TTL / 1000)
+        service.fail_refresh = None
+    assert "renewal thread" in caplog.text
+    assert service.get("job") is None, "the lease was not released"
+
+
+def test_release_failure_does_not_hide_the_body_result(caplog: pytest.LogCaptureFixture) -> None:
+    class NoRelease(InMemoryLeaseService):
+        def release(self, lease: Lease) -> bool:
+            raise ConnectionError("store unreachable")
+
+    with hold_lease("job", service=NoRelease(), ttl_ms=TTL) as held:
+        token = held.token
+    assert token == 1
+    assert "lapses by itself" in caplog.text
+
+
+def test_body_error_wins_over_lost_lease() -> None:
+    service = InMemoryLeaseService()
+    with pytest.raises(KeyError), hold_lease("job", service=service, ttl_ms=TTL) as held:
+        service.release(held.lease)
+        raise KeyError("body failed")
+    assert service.get("job") is None
+
+
+def test_default_ttl_and_service_come_from_settings(settings: object) -> None:
+    settings.PIKKU = {"LEASE_BACKEND": "memory", "LEASE_TTL_MS": 1234}  # type: ignore[attr-defined]
+    from pikku_django.leases import get_lease_service
+
+    with hold_lease("job") as held:
+        assert held.ttl_ms == 1234
+        assert held.service is get_lease_service()
+        assert get_lease_service().get("job") == held.lease
+    with pytest.raises(LeaseTakenError):
+        get_lease_service().acquire("other", "x", 10_000)
+        with hold_lease("other"):
+            pass
+
+
+def test_lease_outside_with_block_is_an_error() -> None:
+    held = hold_lease("job", service=InMemoryLeaseService())
+    with pytest.raises(RuntimeError, match="with block"):
+        _ = held.lease
+
+
+def test_many_holders_only_one_enters() -> None:
+    service = InMemoryLeaseService()
+    entered: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        try:
+            with hold_lease("job", service=service, ttl_ms=TTL):
+                entered.append(i)
+                time.sleep(0.2)
+        except LeaseTakenError:
+            pass
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(entered) == 1
