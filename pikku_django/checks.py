@@ -35,7 +35,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     ]
 
 
-@checks.register(checks.Tags.compatibility, checks.Tags.database, checks.Tags.caches)
+@checks.register(checks.Tags.compatibility)
 def check_lease_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """The configured lease backend must be usable."""
     if not isinstance(getattr(settings, "PIKKU", None) or {}, dict):

@@ -149,3 +149,21 @@ def test_many_holders_only_one_enters() -> None:
     for t in threads:
         t.join()
     assert len(entered) == 1
+
+
+def test_function_form_returns_the_body_result() -> None:
+    service = InMemoryLeaseService()
+    assert hold_lease("job", lambda held: held.token * 10, service=service, ttl_ms=TTL) == 10
+    assert service.get("job") is None
+
+
+def test_function_form_refuses_a_result_made_without_the_lease() -> None:
+    service = InMemoryLeaseService()
+
+    def body(held: object) -> str:
+        service.release(held.lease)  # type: ignore[attr-defined]
+        service.acquire("job", "other", 60_000)
+        return "unprotected"
+
+    with pytest.raises(LeaseLostError):
+        hold_lease("job", body, service=service, ttl_ms=TTL)

@@ -6,12 +6,16 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from types import TracebackType
+from typing import Any, TypeVar, overload
 
 from pikku_django.leases.base import Lease, LeaseService, check_key, check_ttl
 from pikku_django.leases.errors import LeaseLostError, LeaseTakenError
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Renewals per lease length: a failed renewal still leaves others before expiry.
 RENEWALS_PER_LEASE = 3
@@ -146,14 +150,38 @@ class HeldLease:
                 )
 
 
+@overload
 def hold_lease(
     key: str,
+    body: None = None,
     *,
     ttl_ms: int | None = None,
     service: LeaseService | None = None,
     holder: str | None = None,
-) -> HeldLease:
-    """Hold ``key`` for a ``with`` block, renewing it every ttl/3 in the background.
+) -> HeldLease: ...
+
+
+@overload
+def hold_lease(
+    key: str,
+    body: Callable[[HeldLease], T],
+    *,
+    ttl_ms: int | None = None,
+    service: LeaseService | None = None,
+    holder: str | None = None,
+) -> T: ...
+
+
+def hold_lease(
+    key: str,
+    body: Callable[[HeldLease], Any] | None = None,
+    *,
+    ttl_ms: int | None = None,
+    service: LeaseService | None = None,
+    holder: str | None = None,
+) -> Any:
+    """Hold ``key`` for a ``with`` block (or while ``body(held)`` runs), renewing
+    it every ttl/3 in the background.
 
     Raises :class:`LeaseTakenError` at once if someone else holds the key, and
     :class:`LeaseLostError` on exit if the lease was lost while the block ran.
@@ -161,5 +189,11 @@ def hold_lease(
 
         with hold_lease("nightly-report") as held:
             build_report(fencing_token=held.token, stop=held.lost)
+
+        total = hold_lease("nightly-report", lambda held: build_report(held.token))
     """
-    return HeldLease(key, ttl_ms=ttl_ms, service=service, holder=holder)
+    held = HeldLease(key, ttl_ms=ttl_ms, service=service, holder=holder)
+    if body is None:
+        return held
+    with held:
+        return body(held)

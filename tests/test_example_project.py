@@ -1,0 +1,33 @@
+"""The example project migrates and runs its demo, as `make demo` does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "example_project"
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: S603
+        [sys.executable, "manage.py", *args],
+        cwd=EXAMPLE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_demo_runs_on_a_fresh_sqlite_database(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'example.sqlite3'}"
+    for args in (["check"], ["migrate", "--no-input", "-v", "0"], ["demo", "--ttl-ms", "600"]):
+        done = run(args, env)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert "LeaseTakenError" in done.stdout
+    assert "LeaseLostError" in done.stdout
+    assert "token 2" in done.stdout
