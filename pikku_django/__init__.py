@@ -14,7 +14,30 @@ from pikku_django.leases import (
 
 __version__ = "0.1.0"
 
+_WORKFLOW_API = {
+    "start_workflow",
+    "resume_workflow",
+    "cancel_workflow",
+    "workflow",
+    "step",
+    "WorkflowContext",
+    "WorkflowEngine",
+    "StepFailedError",
+    "FakeClock",
+}
+
+
+def __getattr__(name: str) -> object:
+    # The workflow API imports models, so it loads once Django's apps are ready.
+    if name in _WORKFLOW_API:
+        from pikku_django import workflows
+
+        return getattr(workflows, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    "FakeClock",
     "HeldLease",
     "InMemoryLeaseService",
     "Lease",
@@ -22,7 +45,15 @@ __all__ = [
     "LeaseLostError",
     "LeaseService",
     "LeaseTakenError",
+    "StepFailedError",
+    "WorkflowContext",
+    "WorkflowEngine",
     "__version__",
+    "cancel_workflow",
     "get_lease_service",
     "hold_lease",
+    "resume_workflow",
+    "start_workflow",
+    "step",
+    "workflow",
 ]

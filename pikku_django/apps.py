@@ -12,3 +12,6 @@ class PikkuConfig(AppConfig):
 
     def ready(self) -> None:
         from pikku_django import checks, conf  # noqa: F401  (registers checks and signals)
+        from pikku_django.workflows.registry import autodiscover
+
+        autodiscover()

@@ -108,3 +108,47 @@ def check_lease_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.C
             )
         )
     return errors
+
+
+@checks.register(checks.Tags.compatibility)
+def check_workflow_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The workflow database must exist; on SQLite, writers must queue rather than fail."""
+    if not isinstance(getattr(settings, "PIKKU", None) or {}, dict):
+        return []
+    alias = pikku_settings.WORKFLOW_DATABASE
+    if alias not in settings.DATABASES:
+        return [
+            checks.Error(
+                f"PIKKU['WORKFLOW_DATABASE'] is {alias!r}, which is not in DATABASES.",
+                hint="Name an alias from DATABASES (default: 'default').",
+                id="pikku.E009",
+            )
+        ]
+    db = settings.DATABASES[alias]
+    messages: list[checks.CheckMessage] = []
+    if "sqlite3" in db.get("ENGINE", ""):
+        options = db.get("OPTIONS", {})
+        if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+            messages.append(
+                checks.Warning(
+                    f"DATABASES[{alias!r}] is SQLite without transaction_mode 'IMMEDIATE': "
+                    "pikku_worker threads and lease connections that write at once may fail "
+                    "with 'database is locked'.",
+                    hint='Set OPTIONS = {"transaction_mode": "IMMEDIATE", "timeout": 20, '
+                    '"init_command": "PRAGMA journal_mode=WAL;"}.',
+                    id="pikku.W002",
+                )
+            )
+        concurrency = pikku_settings.WORKER_CONCURRENCY
+        processes = pikku_settings.WORKER_PROCESSES
+        if isinstance(processes, int) and processes > 1:
+            messages.append(
+                checks.Warning(
+                    f"PIKKU['WORKER_PROCESSES'] is {processes}, but on SQLite only one "
+                    "pikku_worker process can run (a second one exits with an error).",
+                    hint="Run one process with more threads (PIKKU['WORKER_CONCURRENCY'], "
+                    f"now {concurrency}), or move workflows to PostgreSQL or MariaDB.",
+                    id="pikku.W003",
+                )
+            )
+    return messages

@@ -21,6 +21,31 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_KEY_PREFIX": "pikku:lease:",
     # Default length of a lease held with hold_lease(), in milliseconds.
     "LEASE_TTL_MS": 30_000,
+    # The DATABASES alias that holds workflow runs, steps and attempts.
+    "WORKFLOW_DATABASE": "default",
+    # Defaults of every step: retries after the first attempt, the delay before
+    # a retry (seconds, a timedelta or text like "5s"), and "fixed" or
+    # "exponential" backoff (the delay doubles after each failed attempt).
+    "STEP_RETRIES": 5,
+    "STEP_RETRY_DELAY": 1.0,
+    "STEP_BACKOFF": "fixed",
+    # How long a worker's claim on a step lasts unless renewed, in milliseconds;
+    # QUEUE_LEASE_MS overrides it per queue, e.g. {"reports": 300_000}.
+    "STEP_LEASE_MS": 60_000,
+    "QUEUE_LEASE_MS": {},
+    # The lease each orchestration pass holds on its run, in milliseconds.
+    "RUN_LEASE_MS": 30_000,
+    # A pass that has not finished after this many seconds (its worker died) is
+    # retried by another worker.
+    "RUN_PASS_TIMEOUT": 300,
+    # pikku_worker: threads, and seconds between polls when no notification
+    # wakes it (PostgreSQL wakes idle workers at once with LISTEN/NOTIFY).
+    "WORKER_CONCURRENCY": 4,
+    # How many pikku_worker processes the deployment runs (informs a system
+    # check: SQLite allows only one).
+    "WORKER_PROCESSES": 1,
+    "WORKER_POLL_INTERVAL": 1.0,
+    "WORKER_NOTIFY": True,
 }
 
 

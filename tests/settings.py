@@ -97,7 +97,11 @@ DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": str(_sqlite_dir / "pikku_tests.sqlite3"),
-        "OPTIONS": {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
+        "OPTIONS": {
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL;",
+            "transaction_mode": "IMMEDIATE",
+        },
         "TEST": {"NAME": str(_sqlite_dir / f"pikku_tests_{os.getpid()}.sqlite3")},
     }
 }

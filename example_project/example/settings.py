@@ -62,11 +62,16 @@ DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": BASE_DIR / "db.sqlite3",
-        # The lease service writes through connections of its own (and hold_lease
-        # renews from a background thread): WAL lets them read while another writes,
-        # and the timeout makes a busy writer wait instead of failing at once.
-        "OPTIONS": {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
     }
+}
+# The lease service and pikku_worker's threads write through connections of their
+# own: WAL lets them read while another writes, IMMEDIATE transactions take the
+# write lock up front (so two writers queue instead of failing), and the timeout
+# makes a busy writer wait instead of failing at once.
+SQLITE_OPTIONS = {
+    "timeout": 20,
+    "init_command": "PRAGMA journal_mode=WAL;",
+    "transaction_mode": "IMMEDIATE",
 }
 if os.environ.get("DATABASE_URL"):
     try:
@@ -77,6 +82,8 @@ if os.environ.get("DATABASE_URL"):
             "pip install dj-database-url, or unset DATABASE_URL to use db.sqlite3."
         ) from exc
     DATABASES["default"] = dj_database_url.parse(os.environ["DATABASE_URL"])
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = SQLITE_OPTIONS
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from pikku_django.dbclock import MYSQL_NOW_MS, POSTGRESQL_NOW_MS
 from pikku_django.leases.base import now_ms
 
 Row = tuple[int, int]  # (token, expires_at)
@@ -40,7 +41,7 @@ class PostgreSQLLeaseSQL(LeaseSQL):
     """PostgreSQL: one statement per operation, judged on ``clock_timestamp()``."""
 
     vendor = "postgresql"
-    NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+    NOW = POSTGRESQL_NOW_MS
 
     ACQUIRE = f"""
         INSERT INTO pikku_lease AS l (key, holder, token, expires_at)
@@ -88,7 +89,7 @@ class MySQLLeaseSQL(LeaseSQL):
     """
 
     vendor = "mysql"
-    NOW = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000)"
+    NOW = MYSQL_NOW_MS
     TAKE = f"(expires_at <= {NOW} OR holder = VALUES(holder))"
 
     UPSERT = f"""

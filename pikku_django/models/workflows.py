@@ -1,0 +1,181 @@
+"""Workflow runs, their steps, and the history of every step attempt."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running", _("running")
+    SUSPENDED = "suspended", _("suspended")
+    COMPLETED = "completed", _("completed")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+TERMINAL_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending", _("pending")
+    SCHEDULED = "scheduled", _("scheduled")
+    RUNNING = "running", _("running")
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    SUSPENDED = "suspended", _("suspended")
+
+
+class StepKind(models.TextChoices):
+    QUEUED = "queued", _("queued function")
+    INLINE = "inline", _("inline function")
+    SLEEP = "sleep", _("sleep")
+    SUSPEND = "suspend", _("suspend")
+    CHILD = "child", _("child workflow")
+
+
+class Backoff(models.TextChoices):
+    FIXED = "fixed", _("fixed")
+    EXPONENTIAL = "exponential", _("exponential")
+
+
+class WorkflowRun(models.Model):
+    """One execution of a workflow function, from start to a terminal status."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workflow = models.CharField(_("workflow"), max_length=200)
+    status = models.CharField(
+        _("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING
+    )
+    input = models.JSONField(_("input"), null=True, blank=True)
+    output = models.JSONField(_("output"), null=True, blank=True)
+    error = models.JSONField(
+        _("error"), null=True, blank=True, help_text=_("type, message and traceback")
+    )
+    suspend_reason = models.TextField(_("suspend reason"), blank=True, default="")
+    inline = models.BooleanField(_("inline"), default=False)
+    # NULL, not "", when absent: runs without a key never collide on the unique constraint.
+    idempotency_key = models.CharField(  # noqa: DJ001
+        _("idempotency key"), max_length=255, null=True, blank=True
+    )
+    wake_at = models.DateTimeField(
+        _("next orchestration"),
+        null=True,
+        blank=True,
+        help_text=_("when the run next needs an orchestration pass; empty while it waits"),
+    )
+    wakes = models.BigIntegerField(
+        _("wake count"), default=0, help_text=_("raised each time something wakes the run")
+    )
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        db_table = "pikku_workflow_run"
+        verbose_name = _("workflow run")
+        verbose_name_plural = _("workflow runs")
+        ordering = ("-created_at",)
+        constraints = (
+            models.UniqueConstraint(
+                fields=("workflow", "idempotency_key"), name="pikku_run_idempotency_key"
+            ),
+        )
+        indexes = (
+            models.Index(fields=("status", "wake_at"), name="pikku_run_due"),
+            models.Index(fields=("workflow", "status"), name="pikku_run_workflow"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.workflow} {self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_RUN_STATUSES
+
+
+class WorkflowStep(models.Model):
+    """One memoised step of a run: a function call, a sleep, a suspension or a child run."""
+
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="steps", verbose_name=_("run")
+    )
+    name = models.CharField(_("step name"), max_length=255)
+    kind = models.CharField(_("kind"), max_length=16, choices=StepKind.choices)
+    function = models.CharField(_("function"), max_length=255, blank=True, default="")
+    input = models.JSONField(_("input"), null=True, blank=True)
+    status = models.CharField(
+        _("status"), max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING
+    )
+    result = models.JSONField(_("result"), null=True, blank=True)
+    error = models.JSONField(_("error"), null=True, blank=True)
+    retries = models.PositiveIntegerField(_("retries"), default=5)
+    retry_delay = models.FloatField(_("retry delay (s)"), default=0)
+    backoff = models.CharField(
+        _("backoff"), max_length=16, choices=Backoff.choices, default=Backoff.FIXED
+    )
+    attempt = models.PositiveIntegerField(_("current attempt"), default=0)
+    lease_expires_at = models.BigIntegerField(
+        _("lease expires at (epoch ms)"), null=True, blank=True
+    )
+    child_run = models.ForeignKey(
+        WorkflowRun,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="parent_steps",
+        verbose_name=_("child run"),
+    )
+    queue = models.CharField(_("queue"), max_length=100, default="default")
+    transactional = models.BooleanField(_("transactional"), default=False)
+    available_at = models.DateTimeField(_("available at"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        db_table = "pikku_workflow_step"
+        verbose_name = _("workflow step")
+        verbose_name_plural = _("workflow steps")
+        ordering = ("run", "id")
+        constraints = (models.UniqueConstraint(fields=("run", "name"), name="pikku_step_name"),)
+        indexes = (
+            models.Index(fields=("queue", "status", "available_at"), name="pikku_step_ready"),
+            models.Index(fields=("status", "lease_expires_at"), name="pikku_step_lease"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
+
+    @property
+    def attempts_allowed(self) -> int:
+        return self.retries + 1
+
+
+class StepAttempt(models.Model):
+    """One attempt of a step: kept as it was, also after later attempts replace it."""
+
+    step = models.ForeignKey(
+        WorkflowStep, on_delete=models.CASCADE, related_name="attempts", verbose_name=_("step")
+    )
+    attempt = models.PositiveIntegerField(_("attempt"))
+    status = models.CharField(
+        _("status"), max_length=16, choices=StepStatus.choices, default=StepStatus.RUNNING
+    )
+    result = models.JSONField(_("result"), null=True, blank=True)
+    error = models.JSONField(_("error"), null=True, blank=True)
+    worker = models.CharField(_("worker"), max_length=255, blank=True, default="")
+    started_at = models.DateTimeField(_("started"), auto_now_add=True)
+    finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+
+    class Meta:
+        db_table = "pikku_step_attempt"
+        verbose_name = _("step attempt")
+        verbose_name_plural = _("step attempts")
+        ordering = ("step", "attempt")
+        constraints = (
+            models.UniqueConstraint(fields=("step", "attempt"), name="pikku_attempt_number"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.step.name} attempt {self.attempt} ({self.status})"

@@ -1,0 +1,48 @@
+"""Durable workflows: functions replayed step by step, run by ``pikku_worker``."""
+
+from pikku_django.workflows.api import (
+    cancel_workflow,
+    get_engine,
+    resume_workflow,
+    start_workflow,
+)
+from pikku_django.workflows.clock import Clock, FakeClock
+from pikku_django.workflows.context import WorkflowContext
+from pikku_django.workflows.engine import ClaimedStep, WorkflowEngine
+from pikku_django.workflows.errors import (
+    NonDeterministicWorkflowError,
+    NotSerializableError,
+    StepFailedError,
+    StepFunctionNotFoundError,
+    WorkflowError,
+    WorkflowNotFoundError,
+    WorkflowRunNotFoundError,
+    WorkflowRunStateError,
+    WorkflowStepLeaseExpiredError,
+    WorkflowStepSupersededError,
+)
+from pikku_django.workflows.registry import step, workflow
+
+__all__ = [
+    "ClaimedStep",
+    "Clock",
+    "FakeClock",
+    "NonDeterministicWorkflowError",
+    "NotSerializableError",
+    "StepFailedError",
+    "StepFunctionNotFoundError",
+    "WorkflowContext",
+    "WorkflowEngine",
+    "WorkflowError",
+    "WorkflowNotFoundError",
+    "WorkflowRunNotFoundError",
+    "WorkflowRunStateError",
+    "WorkflowStepLeaseExpiredError",
+    "WorkflowStepSupersededError",
+    "cancel_workflow",
+    "get_engine",
+    "resume_workflow",
+    "start_workflow",
+    "step",
+    "workflow",
+]

@@ -1,0 +1,1079 @@
+"""The workflow engine: starting runs, orchestration passes, and step execution.
+
+Every write that a step's attempt makes is fenced by that attempt: it lands only
+while the step is still ``running`` under the same attempt number, so a worker
+that lost its claim can never overwrite the attempt that replaced it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from pikku_django.conf import pikku_settings
+from pikku_django.dbclock import EpochMs, process_now_ms
+from pikku_django.leases import LeaseLostError, LeaseService, LeaseTakenError, hold_lease
+from pikku_django.models import (
+    TERMINAL_RUN_STATUSES,
+    RunStatus,
+    StepAttempt,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+)
+from pikku_django.workflows import registry
+from pikku_django.workflows.clock import Clock
+from pikku_django.workflows.context import Pause, WorkflowContext, retry_delay_for
+from pikku_django.workflows.durations import Duration, parse_duration
+from pikku_django.workflows.errors import (
+    NonDeterministicWorkflowError,
+    NotSerializableError,
+    StepFailedError,
+    StepFunctionNotFoundError,
+    WorkflowDefinitionError,
+    WorkflowNotFoundError,
+    WorkflowRunNotFoundError,
+    WorkflowRunStateError,
+    WorkflowStepLeaseExpiredError,
+    WorkflowStepSupersededError,
+    serialize_error,
+)
+from pikku_django.workflows.sql import notify_work
+
+logger = logging.getLogger(__name__)
+
+#: How long a pass whose run lease is held elsewhere waits before trying again.
+LEASE_TAKEN_RETRY = timedelta(seconds=1)
+
+
+def to_json(value: Any, what: str) -> Any:
+    """``value`` as it will read back from the database; NotSerializableError if not JSON."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise NotSerializableError(
+            f"{what} is not JSON-serialisable ({exc}); return plain dicts, lists, str, "
+            f"int, float, bool or None"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How one ``ctx.do`` call runs its step, after defaults are applied."""
+
+    kind: str
+    function: str
+    fn: Callable[..., Any] | None
+    retries: int
+    retry_delay: float
+    backoff: str
+    queue: str
+    transactional: bool
+
+
+@dataclass(frozen=True)
+class ClaimedStep:
+    """A step this worker has claimed: its writes must carry ``attempt``."""
+
+    step_id: int
+    run_id: uuid.UUID
+    name: str
+    function: str
+    input: Any
+    attempt: int
+    transactional: bool
+    lease_ms: int
+    queue: str
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+class WorkflowEngine:
+    """Runs workflows stored in the ``using`` database.
+
+    ``leases`` holds each run's orchestration lease (default: the project's lease
+    service); ``clock`` decides when sleeps and retries are due.
+    """
+
+    def __init__(
+        self,
+        using: str | None = None,
+        *,
+        leases: LeaseService | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.using = using or pikku_settings.WORKFLOW_DATABASE
+        if self.using not in connections:
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(
+                f"PIKKU['WORKFLOW_DATABASE'] is {self.using!r}, which is not in DATABASES"
+            )
+        self._leases = leases
+        self.clock = clock or Clock()
+        self._sqlite_claims = threading.Lock()
+
+    # -- plumbing ---------------------------------------------------------------
+
+    @property
+    def leases(self) -> LeaseService:
+        if self._leases is None:
+            from pikku_django.leases import get_lease_service
+
+            self._leases = get_lease_service()
+        return self._leases
+
+    @property
+    def vendor(self) -> str:
+        return connections[self.using].vendor
+
+    def runs(self) -> Any:
+        return WorkflowRun.objects.using(self.using)
+
+    def steps(self) -> Any:
+        return WorkflowStep.objects.using(self.using)
+
+    def attempts(self) -> Any:
+        return StepAttempt.objects.using(self.using)
+
+    def atomic(self) -> Any:
+        return transaction.atomic(using=self.using)
+
+    def notify(self) -> None:
+        """Tell idle workers there is new work (PostgreSQL; others poll)."""
+        if pikku_settings.WORKER_NOTIFY:
+            notify_work(self.using)
+
+    def lease_ms_for_queue(self, queue: str) -> int:
+        per_queue = pikku_settings.QUEUE_LEASE_MS or {}
+        return int(per_queue.get(queue, pikku_settings.STEP_LEASE_MS))
+
+    # -- starting, resuming, cancelling ----------------------------------------------
+
+    def start(
+        self,
+        workflow: str | Callable[..., Any],
+        input: Any = None,  # noqa: A002
+        *,
+        idempotency_key: str | None = None,
+        inline: bool = False,
+    ) -> WorkflowRun:
+        """Create a run (or return the one with this idempotency key) and wake it."""
+        definition = registry.get_workflow(workflow)
+        if definition is None:
+            raise WorkflowNotFoundError(
+                f"No workflow is registered as {workflow!r}. Registered: "
+                f"{', '.join(registry.workflow_names()) or 'none'}"
+            )
+        payload = to_json(input, "The workflow input")
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 255
+        ):
+            raise ValueError("idempotency_key must be a str of 1 to 255 characters")
+        if idempotency_key is not None:
+            existing = self.runs().filter(
+                workflow=definition.name, idempotency_key=idempotency_key
+            ).first()
+            if existing is not None:
+                return existing
+        try:
+            with self.atomic():
+                run = self.runs().create(
+                    workflow=definition.name,
+                    input=payload,
+                    inline=inline,
+                    idempotency_key=idempotency_key,
+                    wake_at=None if inline else self.clock.now(),
+                )
+                if not inline:
+                    self.notify()
+        except IntegrityError:
+            if idempotency_key is None:
+                raise
+            return self.runs().get(workflow=definition.name, idempotency_key=idempotency_key)
+        logger.info("Started workflow %s run %s", definition.name, run.id)
+        if inline:
+            return self.drive_inline(run.id)
+        return run
+
+    def get_run(self, run_id: uuid.UUID | str) -> WorkflowRun:
+        try:
+            return self.runs().get(id=run_id)
+        except (WorkflowRun.DoesNotExist, ValueError, TypeError) as exc:
+            raise WorkflowRunNotFoundError(f"No workflow run has id {run_id!r}") from exc
+
+    def resume(self, run_id: uuid.UUID | str, data: Any = None) -> WorkflowRun:
+        """Resume a suspended run; its ``ctx.suspend()`` returns ``data``."""
+        payload = to_json(data, "The resume data")
+        run = self.get_run(run_id)
+        with self.atomic():
+            changed = self.runs().filter(id=run.id, status=RunStatus.SUSPENDED).update(
+                status=RunStatus.RUNNING,
+                suspend_reason="",
+                wake_at=None if run.inline else self.clock.now(),
+                wakes=F("wakes") + 1,
+                updated_at=timezone.now(),
+            )
+            if not changed:
+                run.refresh_from_db()
+                raise WorkflowRunStateError(
+                    f"Run {run.id} is {run.status}, not suspended: only a suspended run resumes"
+                )
+            now = self.clock.now()
+            for step in self.steps().filter(run_id=run.id, status=StepStatus.SUSPENDED):
+                if step.kind == StepKind.SUSPEND:
+                    self._finish_marker(step, StepStatus.SUCCEEDED, result=payload)
+                else:
+                    # A function that was missing: hand the step to a worker again.
+                    self.steps().filter(id=step.id, status=StepStatus.SUSPENDED).update(
+                        status=StepStatus.SCHEDULED, available_at=now, error=None,
+                        updated_at=timezone.now(),
+                    )
+            self.notify()
+        logger.info("Resumed workflow run %s", run.id)
+        if run.inline:
+            return self.drive_inline(run.id)
+        return self.get_run(run.id)
+
+    def cancel(self, run_id: uuid.UUID | str) -> WorkflowRun:
+        """Cancel a run that has not finished, and the child runs it is waiting for."""
+        run = self.get_run(run_id)
+        with self.atomic():
+            changed = self.runs().filter(
+                id=run.id, status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED)
+            ).update(status=RunStatus.CANCELLED, wake_at=None, updated_at=timezone.now())
+            if not changed:
+                run.refresh_from_db()
+                if run.status == RunStatus.CANCELLED:
+                    return run
+                raise WorkflowRunStateError(f"Run {run.id} is {run.status}: it cannot be cancelled")
+            children = list(
+                self.steps()
+                .filter(run_id=run.id, kind=StepKind.CHILD, child_run__isnull=False)
+                .values_list("child_run_id", flat=True)
+            )
+            self._settle_parents(run.id, RunStatus.CANCELLED, None, None)
+        for child in children:
+            try:
+                self.cancel(child)
+            except WorkflowRunStateError:
+                pass
+        logger.info("Cancelled workflow run %s", run.id)
+        return self.get_run(run.id)
+
+    # -- orchestration ----------------------------------------------------------
+
+    def orchestrate(self, run_id: uuid.UUID | str) -> None:
+        """One orchestration pass over a run, holding the run's lease."""
+        run = self.runs().filter(id=run_id).only("status", "inline").first()
+        if run is None or run.status != RunStatus.RUNNING:
+            return  # settled or suspended: not replayed, no lease taken
+        try:
+            with hold_lease(
+                f"workflow-run:{run.id}",
+                ttl_ms=pikku_settings.RUN_LEASE_MS,
+                service=self.leases,
+            ):
+                self._pass(run.id)
+        except DatabaseError:
+            logger.exception("An orchestration pass of run %s hit a database error", run.id)
+            self._retry_pass_soon(run.id)
+        except (LeaseTakenError, LeaseLostError) as exc:
+            current = self.runs().filter(id=run.id).only("status").first()
+            if current is None or current.status != RunStatus.RUNNING:
+                return  # the pass wrote its outcome; it stands
+            logger.info("Run %s is orchestrated elsewhere (%s); waking it again shortly", run.id,
+                        type(exc).__name__)
+            self._retry_pass_soon(run.id)
+
+    def _retry_pass_soon(self, run_id: uuid.UUID) -> None:
+        """Wake a run a second from now: spends no retry budget."""
+        try:
+            self.runs().filter(id=run_id, status=RunStatus.RUNNING).update(
+                wake_at=self.clock.now() + LEASE_TAKEN_RETRY, wakes=F("wakes") + 1
+            )
+        except DatabaseError:
+            logger.exception("Could not reschedule run %s; its pass timeout will", run_id)
+
+    def _pass(self, run_id: uuid.UUID) -> None:
+        run = self.runs().get(id=run_id)
+        if run.status != RunStatus.RUNNING:
+            return
+        seen_wakes = run.wakes
+        definition = registry.get_workflow(run.workflow)
+        if definition is None:
+            self._suspend_run(
+                run,
+                f"WORKFLOW_NOT_FOUND: no workflow is registered as {run.workflow!r}",
+            )
+            return
+        steps = {step.name: step for step in self.steps().filter(run_id=run.id)}
+        ctx = WorkflowContext(self, run, steps)
+        try:
+            output = definition.fn(ctx, run.input)
+        except Pause as pause:
+            self._park(run, seen_wakes, pause.wake_at)
+            return
+        except StepFunctionNotFoundError as exc:
+            self._suspend_run(run, f"RPC_NOT_FOUND: {exc}")
+            return
+        except (WorkflowStepSupersededError, LeaseLostError, DatabaseError):
+            raise
+        except Exception as exc:
+            self._finish_run(run, RunStatus.FAILED, error=serialize_error(exc))
+            return
+        try:
+            payload = to_json(output, f"The output of workflow {run.workflow!r}")
+        except NotSerializableError as exc:
+            self._finish_run(run, RunStatus.FAILED, error=serialize_error(exc))
+            return
+        self._finish_run(run, RunStatus.COMPLETED, output=payload)
+
+    def _park(self, run: WorkflowRun, seen_wakes: int, wake_at: datetime | None) -> None:
+        """Record when the run next needs a pass, unless something woke it meanwhile."""
+        self.runs().filter(id=run.id, status=RunStatus.RUNNING, wakes=seen_wakes).update(
+            wake_at=None if run.inline else wake_at, updated_at=timezone.now()
+        )
+
+    def _finish_run(
+        self, run: WorkflowRun, status: str, *, output: Any = None, error: Any = None
+    ) -> None:
+        with self.atomic():
+            changed = self.runs().filter(id=run.id, status=RunStatus.RUNNING).update(
+                status=status, output=output, error=error, wake_at=None,
+                updated_at=timezone.now(),
+            )
+            if changed:
+                self._settle_parents(run.id, status, output, error)
+        if changed:
+            logger.info("Workflow run %s %s", run.id, status)
+
+    def _settle_parents(
+        self, child_id: uuid.UUID, status: str, output: Any, error: Any
+    ) -> None:
+        """A child run ended: settle the parent steps waiting on it and wake their runs."""
+        parents = list(
+            self.steps().filter(child_run_id=child_id, status=StepStatus.RUNNING)
+        )
+        for step in parents:
+            if status == RunStatus.COMPLETED:
+                self._finish_marker(step, StepStatus.SUCCEEDED, result=output)
+            else:
+                failure = error or {
+                    "type": "WorkflowCancelled",
+                    "message": f"Child run {child_id} was {status}",
+                    "code": "CHILD_" + status.upper(),
+                }
+                self._finish_marker(step, StepStatus.FAILED, error=failure, final=True)
+            self.wake_run(step.run_id)
+
+    def _suspend_run(self, run: WorkflowRun, reason: str) -> None:
+        changed = self.runs().filter(id=run.id, status=RunStatus.RUNNING).update(
+            status=RunStatus.SUSPENDED, suspend_reason=reason, wake_at=None,
+            updated_at=timezone.now(),
+        )
+        if changed:
+            logger.info("Workflow run %s suspended: %s", run.id, reason)
+
+    def suspend_for_step(self, run: WorkflowRun, step: WorkflowStep) -> None:
+        reason = step.error.get("message", "") if isinstance(step.error, dict) else ""
+        if step.kind == StepKind.SUSPEND:
+            reason = step.input.get("reason", "") if isinstance(step.input, dict) else ""
+        elif isinstance(step.error, dict) and step.error.get("code"):
+            reason = f"{step.error['code']}: {reason}"
+        self._suspend_run(run, reason)
+
+    def wake_run(self, run_id: uuid.UUID, at: datetime | None = None) -> None:
+        """Mark a run as needing a pass (now, or at ``at``)."""
+        changed = self.runs().filter(id=run_id, status=RunStatus.RUNNING).update(
+            wake_at=at or self.clock.now(), wakes=F("wakes") + 1, updated_at=timezone.now()
+        )
+        if changed:
+            self.notify()
+
+    # -- step creation (called from the workflow context) --------------------------
+
+    def step_options(
+        self,
+        fn: str | Callable[..., Any],
+        *,
+        retries: int | None,
+        retry_delay: Duration | None,
+        backoff: str | None,
+        queued: bool | None,
+        queue: str | None,
+        transactional: bool | None,
+    ) -> StepOptions:
+        definition = registry.get_step(fn)
+        if definition is not None:
+            kind = StepKind.INLINE if queued is False else StepKind.QUEUED
+            function, callable_ = definition.name, definition.fn
+        elif isinstance(fn, str):
+            # Named but not registered here: a worker cannot run it either.
+            kind, function, callable_ = StepKind.QUEUED, fn, None
+        elif callable(fn):
+            if queued:
+                raise WorkflowDefinitionError(
+                    f"{getattr(fn, '__qualname__', fn)!r} cannot be queued: only functions "
+                    "registered with @step run on workers. Register it, or leave queued unset "
+                    "to run it inline."
+                )
+            kind = StepKind.INLINE
+            function = getattr(fn, "__qualname__", type(fn).__name__)[:255]
+            callable_ = fn
+        else:
+            raise WorkflowDefinitionError(
+                f"A step is a registered function, its name, or a callable; got {fn!r}"
+            )
+        if retries is None:
+            retries = definition.retries if definition and definition.retries is not None else (
+                pikku_settings.STEP_RETRIES
+            )
+        registry.check_retries(retries)
+        if retry_delay is None:
+            delay = (
+                definition.retry_delay
+                if definition and definition.retry_delay is not None
+                else parse_duration(pikku_settings.STEP_RETRY_DELAY, what="STEP_RETRY_DELAY")
+            )
+        else:
+            delay = parse_duration(retry_delay, what="retry_delay")
+        if backoff is None:
+            backoff = (definition.backoff if definition else None) or pikku_settings.STEP_BACKOFF
+        registry.check_backoff(backoff)
+        queue = queue or (definition.queue if definition else None) or "default"
+        if transactional is None:
+            transactional = bool(definition and definition.transactional)
+        return StepOptions(
+            kind=kind,
+            function=function,
+            fn=callable_,
+            retries=retries,
+            retry_delay=delay,
+            backoff=str(backoff),
+            queue=str(queue)[:100],
+            transactional=bool(transactional),
+        )
+
+    def _create_step(self, run: WorkflowRun, **fields: Any) -> WorkflowStep:
+        try:
+            with self.atomic():
+                return self.steps().create(run_id=run.id, **fields)
+        except IntegrityError:
+            # Another pass of the same run created it first (its lease lapsed).
+            return self.steps().get(run_id=run.id, name=fields["name"])
+
+    def schedule_step(
+        self, run: WorkflowRun, name: str, options: StepOptions, data: Any
+    ) -> WorkflowStep:
+        payload = to_json(data, f"The input of step {name!r}")
+        missing = registry.get_step(options.function) is None
+        step = self._create_step(
+            run,
+            name=name,
+            kind=StepKind.QUEUED,
+            function=options.function,
+            input=payload,
+            status=StepStatus.SUSPENDED if missing else StepStatus.SCHEDULED,
+            error=serialize_error(StepFunctionNotFoundError(options.function)) if missing else None,
+            retries=options.retries,
+            retry_delay=options.retry_delay,
+            backoff=options.backoff,
+            queue=options.queue,
+            transactional=options.transactional,
+            available_at=self.clock.now(),
+        )
+        if not missing:
+            self.notify()
+        return step
+
+    def start_child(
+        self, run: WorkflowRun, name: str, workflow: str, data: Any
+    ) -> WorkflowStep:
+        payload = to_json(data, f"The input of child workflow step {name!r}")
+        with self.atomic():
+            step = self._create_step(
+                run,
+                name=name,
+                kind=StepKind.CHILD,
+                function=workflow,
+                input=payload,
+                status=StepStatus.RUNNING,
+                attempt=1,
+                retries=0,
+            )
+            if step.child_run_id is None:
+                child = self.runs().create(
+                    workflow=workflow,
+                    input=payload,
+                    inline=run.inline,
+                    wake_at=None if run.inline else self.clock.now(),
+                )
+                self.steps().filter(id=step.id).update(child_run=child)
+                step.child_run_id = child.id
+                self.attempts().get_or_create(step_id=step.id, attempt=1)
+                self.notify()
+        return step
+
+    def start_sleep(self, run: WorkflowRun, name: str, seconds: float) -> WorkflowStep:
+        return self._create_step(
+            run,
+            name=name,
+            kind=StepKind.SLEEP,
+            input={"seconds": seconds},
+            status=StepStatus.SCHEDULED,
+            retries=0,
+            available_at=self.clock.now() + timedelta(seconds=seconds),
+        )
+
+    def finish_sleep(self, step: WorkflowStep) -> None:
+        self._finish_marker(step, StepStatus.SUCCEEDED, result=None)
+        step.status = StepStatus.SUCCEEDED
+
+    def start_suspension(self, run: WorkflowRun, name: str, reason: str) -> WorkflowStep:
+        return self._create_step(
+            run,
+            name=name,
+            kind=StepKind.SUSPEND,
+            input={"reason": reason},
+            status=StepStatus.SUSPENDED,
+            retries=0,
+        )
+
+    def _finish_marker(
+        self,
+        step: WorkflowStep,
+        status: str,
+        *,
+        result: Any = None,
+        error: Any = None,
+        final: bool = False,
+    ) -> None:
+        """Settle a step that has no worker attempt of its own (sleep, suspend, child)."""
+        with self.atomic():
+            attempt = max(step.attempt, 1)
+            self.steps().filter(id=step.id).exclude(status=StepStatus.SUCCEEDED).update(
+                status=status,
+                result=result,
+                error=error,
+                attempt=attempt,
+                lease_expires_at=None,
+                retries=0 if final else step.retries,
+                updated_at=timezone.now(),
+            )
+            self.attempts().update_or_create(
+                step_id=step.id,
+                attempt=attempt,
+                defaults={
+                    "status": status,
+                    "result": result,
+                    "error": error,
+                    "finished_at": timezone.now(),
+                },
+            )
+
+    # -- inline steps -----------------------------------------------------------------
+
+    def run_inline_step(
+        self,
+        ctx: WorkflowContext,
+        name: str,
+        step: WorkflowStep | None,
+        options: StepOptions,
+        data: Any,
+    ) -> Any:
+        """Run an inline step in this pass: its result, or Pause until a retry is due."""
+        run = ctx.run
+        if step is None:
+            payload = to_json(data, f"The input of step {name!r}")
+            step = self._create_step(
+                run,
+                name=name,
+                kind=StepKind.INLINE,
+                function=options.function,
+                input=payload,
+                status=StepStatus.PENDING,
+                retries=options.retries,
+                retry_delay=options.retry_delay,
+                backoff=options.backoff,
+                queue=options.queue,
+                transactional=options.transactional,
+                available_at=self.clock.now(),
+            )
+            ctx._remember(step)
+        while True:
+            if step.status == StepStatus.SUCCEEDED:
+                return step.result
+            if step.status == StepStatus.FAILED and step.attempt >= step.attempts_allowed:
+                raise StepFailedError(step.name, step.error)
+            due = step.available_at
+            now = self.clock.now()
+            if step.status == StepStatus.FAILED and due is not None and due > now:
+                if not run.inline:
+                    raise Pause(due)
+                self.clock.sleep((due - now).total_seconds())
+            claimed = self._claim_inline(step)
+            if claimed is None:
+                raise Pause(self.clock.now() + LEASE_TAKEN_RETRY)
+            assert options.fn is not None
+            self._execute(claimed, options.fn, wake=False)
+            step = self.steps().get(id=step.id)
+            ctx._remember(step)
+
+    def _claim_inline(self, step: WorkflowStep) -> ClaimedStep | None:
+        """A new attempt of an inline step (the run lease keeps other passes out)."""
+        return self._new_attempt(
+            step,
+            guard=Q(status=step.status, attempt=step.attempt),
+            lease_ms=pikku_settings.RUN_LEASE_MS,
+            worker=default_worker_id(),
+        )
+
+    # -- claiming queued steps ------------------------------------------------------
+
+    def claim_step(
+        self, step_id: int, *, lease_ms: int | None = None, worker: str = ""
+    ) -> ClaimedStep | None:
+        """Claim one step for execution, by the claim decision; None if not claimable."""
+        step = (
+            self.steps()
+            .annotate(store_now=EpochMs())
+            .filter(id=step_id)
+            .select_related("run")
+            .first()
+        )
+        if step is None or step.kind != StepKind.QUEUED:
+            return None
+        if lease_ms is None:
+            lease_ms = self.lease_ms_for_queue(step.queue)
+        return self._decide_claim(step, lease_ms, worker or default_worker_id())
+
+    def claim_step_for_execution(
+        self, run_id: uuid.UUID | str, step_name: str, function: str, lease_ms: int
+    ) -> ClaimedStep | None:
+        """Claim the step ``step_name`` of a run that should call ``function``."""
+        step = (
+            self.steps()
+            .annotate(store_now=EpochMs())
+            .filter(run_id=run_id, name=step_name)
+            .select_related("run")
+            .first()
+        )
+        if step is None:
+            return None
+        if step.function != function:
+            raise NonDeterministicWorkflowError(
+                f"Step {step_name!r} of run {run_id} calls {step.function!r}, not {function!r}"
+            )
+        return self._decide_claim(step, lease_ms, default_worker_id())
+
+    def _decide_claim(
+        self, step: WorkflowStep, lease_ms: int, worker: str
+    ) -> ClaimedStep | None:
+        status, attempt = step.status, step.attempt
+        exhausted = attempt >= step.attempts_allowed
+        if status in (StepStatus.SUCCEEDED, StepStatus.SUSPENDED):
+            return None
+        if status == StepStatus.RUNNING:
+            lease = step.lease_expires_at
+            if lease is None or lease >= step.store_now:
+                return None  # live, or parked on a child run
+            lapsed = Q(status=status, attempt=attempt, lease_expires_at__lt=EpochMs())
+            if exhausted:
+                self._fail_lease_expired(step, lapsed)
+                return None
+            return self._new_attempt(step, guard=lapsed, lease_ms=lease_ms, worker=worker)
+        if status == StepStatus.FAILED:
+            if exhausted:
+                return None
+            return self._new_attempt(
+                step, guard=Q(status=status, attempt=attempt), lease_ms=lease_ms, worker=worker
+            )
+        # pending or scheduled
+        return self._new_attempt(
+            step, guard=Q(status=status, attempt=attempt), lease_ms=lease_ms, worker=worker
+        )
+
+    def _new_attempt(
+        self, step: WorkflowStep, *, guard: Q, lease_ms: int, worker: str
+    ) -> ClaimedStep | None:
+        attempt = step.attempt + 1
+        with self.atomic():
+            won = self.steps().filter(guard, id=step.id).update(
+                status=StepStatus.RUNNING,
+                attempt=attempt,
+                result=None,
+                error=None,
+                available_at=None,
+                lease_expires_at=EpochMs() + lease_ms,
+                updated_at=timezone.now(),
+            )
+            if not won:
+                return None
+            self.attempts().create(
+                step_id=step.id, attempt=attempt, status=StepStatus.RUNNING, worker=worker[:255]
+            )
+        return ClaimedStep(
+            step_id=step.id,
+            run_id=step.run_id,
+            name=step.name,
+            function=step.function,
+            input=step.input,
+            attempt=attempt,
+            transactional=step.transactional,
+            lease_ms=lease_ms,
+            queue=step.queue,
+        )
+
+    def _fail_lease_expired(self, step: WorkflowStep, guard: Q) -> None:
+        exc = WorkflowStepLeaseExpiredError(step.name, step.attempts_allowed)
+        error = serialize_error(exc)
+        with self.atomic():
+            won = self.steps().filter(guard, id=step.id).update(
+                status=StepStatus.FAILED,
+                error=error,
+                lease_expires_at=None,
+                available_at=None,
+                updated_at=timezone.now(),
+            )
+            if won:
+                self.attempts().filter(step_id=step.id, attempt=step.attempt).update(
+                    status=StepStatus.FAILED, error=error, finished_at=timezone.now()
+                )
+        if won:
+            logger.warning("%s", exc)
+            self.wake_run(step.run_id)
+
+    # -- fenced writes ------------------------------------------------------------
+
+    def set_step_result(
+        self, step_id: int, result: Any, attempt: int, *, wake: bool = True
+    ) -> None:
+        """Record the result of ``attempt``; WorkflowStepSupersededError if it was replaced."""
+        try:
+            payload = to_json(result, f"The result of step {step_id}")
+        except NotSerializableError as exc:
+            self.set_step_error(step_id, exc, attempt, wake=wake, final=True)
+            return
+        with self.atomic():
+            won = self.steps().filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING).update(
+                status=StepStatus.SUCCEEDED,
+                result=payload,
+                error=None,
+                lease_expires_at=None,
+                available_at=None,
+                updated_at=timezone.now(),
+            )
+            if not won:
+                raise WorkflowStepSupersededError(step_id, attempt)
+            self.attempts().filter(step_id=step_id, attempt=attempt).update(
+                status=StepStatus.SUCCEEDED, result=payload, finished_at=timezone.now()
+            )
+        if wake:
+            self._wake_run_of(step_id)
+
+    def set_step_error(
+        self,
+        step_id: int,
+        error: BaseException | dict[str, Any],
+        attempt: int,
+        *,
+        wake: bool = True,
+        final: bool = False,
+    ) -> bool:
+        """Record that ``attempt`` failed; True if no attempt is left.
+
+        Raises WorkflowStepSupersededError if the attempt was replaced.
+        """
+        data = serialize_error(error) if isinstance(error, BaseException) else dict(error)
+        step = self.steps().filter(id=step_id).only(
+            "retries", "retry_delay", "backoff", "run_id"
+        ).first()
+        if step is None:
+            raise WorkflowStepSupersededError(step_id, attempt)
+        exhausted = final or attempt >= step.attempts_allowed
+        retry_at = None if exhausted else self.clock.now() + retry_delay_for(step, attempt)
+        with self.atomic():
+            won = self.steps().filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING).update(
+                status=StepStatus.FAILED,
+                error=data,
+                result=None,
+                lease_expires_at=None,
+                available_at=retry_at,
+                # A final failure spends the remaining attempts, so nothing retries it.
+                retries=attempt - 1 if final else F("retries"),
+                updated_at=timezone.now(),
+            )
+            if not won:
+                raise WorkflowStepSupersededError(step_id, attempt)
+            self.attempts().filter(step_id=step_id, attempt=attempt).update(
+                status=StepStatus.FAILED, error=data, finished_at=timezone.now()
+            )
+        if exhausted and wake:
+            self.wake_run(step.run_id)
+        elif not exhausted:
+            self.notify()
+        return exhausted
+
+    def refresh_step_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:
+        """Extend (or, with None, park) the claim of ``attempt``; False once it was replaced."""
+        expires = None if lease_ms is None else EpochMs() + int(lease_ms)
+        return bool(
+            self.steps()
+            .filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
+            .update(lease_expires_at=expires)
+        )
+
+    def _wake_run_of(self, step_id: int) -> None:
+        run_id = self.steps().filter(id=step_id).values_list("run_id", flat=True).first()
+        if run_id is not None:
+            self.wake_run(run_id)
+
+    # -- executing a claimed step ------------------------------------------------------
+
+    def execute_step(self, claimed: ClaimedStep) -> None:
+        """Run a claimed queued step and record its outcome, fenced by its attempt."""
+        definition = registry.get_step(claimed.function)
+        if definition is None:
+            self._function_missing(claimed)
+            return
+        self._execute(claimed, definition.fn, wake=True)
+
+    def _execute(self, claimed: ClaimedStep, fn: Callable[..., Any], *, wake: bool) -> None:
+        what = f"The result of step {claimed.name!r}"
+        try:
+            if claimed.transactional:
+                # The function's writes and the fenced result commit together, or
+                # not at all: a superseded attempt's writes roll back.
+                with self.atomic():
+                    result = to_json(registry.call_step_function(fn, claimed.input), what)
+                    self.set_step_result(claimed.step_id, result, claimed.attempt, wake=False)
+                if wake:
+                    self._wake_run_of(claimed.step_id)
+            else:
+                result = to_json(registry.call_step_function(fn, claimed.input), what)
+                self.set_step_result(claimed.step_id, result, claimed.attempt, wake=wake)
+        except WorkflowStepSupersededError as exc:
+            logger.warning("%s: its result was not recorded", exc)
+        except StepFunctionNotFoundError:
+            self._function_missing(claimed)
+        except Exception as exc:
+            try:
+                self.set_step_error(
+                    claimed.step_id,
+                    exc,
+                    claimed.attempt,
+                    wake=wake,
+                    final=isinstance(exc, NotSerializableError),
+                )
+            except WorkflowStepSupersededError as superseded:
+                logger.warning("%s: its error was not recorded", superseded)
+            else:
+                logger.info(
+                    "Step %s attempt %d failed: %s", claimed.name, claimed.attempt, exc
+                )
+
+    def _function_missing(self, claimed: ClaimedStep) -> None:
+        """The current attempt's function is missing: suspend the run (RPC_NOT_FOUND)."""
+        error = serialize_error(StepFunctionNotFoundError(claimed.function))
+        with self.atomic():
+            won = self.steps().filter(
+                id=claimed.step_id, attempt=claimed.attempt, status=StepStatus.RUNNING
+            ).update(
+                status=StepStatus.SUSPENDED,
+                error=error,
+                lease_expires_at=None,
+                attempt=claimed.attempt - 1,
+                updated_at=timezone.now(),
+            )
+            if won:
+                self.attempts().filter(
+                    step_id=claimed.step_id, attempt=claimed.attempt
+                ).delete()
+        if not won:
+            logger.warning(
+                "Superseded attempt %d of step %s found no function %r; left to its new owner",
+                claimed.attempt, claimed.name, claimed.function,
+            )
+            return
+        run = self.runs().get(id=claimed.run_id)
+        self._suspend_run(run, f"RPC_NOT_FOUND: {error['message']}")
+
+    # -- finding work --------------------------------------------------------------
+
+    def _claims_serialised(self) -> Any:
+        if self.vendor == "sqlite":
+            return self._sqlite_claims
+        return _NullLock()
+
+    def claim_due_runs(self, limit: int = 1) -> list[uuid.UUID]:
+        """Runs that need a pass now; each is pushed back by the pass timeout meanwhile."""
+        now = self.clock.now()
+        with self._claims_serialised(), self.atomic():
+            ids = list(
+                self.runs()
+                .filter(status=RunStatus.RUNNING, inline=False, wake_at__lte=now)
+                .order_by("wake_at")
+                .select_for_update(skip_locked=True)
+                .values_list("id", flat=True)[:limit]
+            )
+            if ids:
+                self.runs().filter(id__in=ids).update(
+                    wake_at=now + timedelta(seconds=pikku_settings.RUN_PASS_TIMEOUT)
+                )
+        return ids
+
+    def claim_due_steps(
+        self, queues: Iterable[str] | None = None, limit: int = 1, worker: str = ""
+    ) -> list[ClaimedStep]:
+        """Claim queued steps that are ready: scheduled, due for retry, or whose claim lapsed."""
+        now = self.clock.now()
+        ready = (
+            Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING), available_at__lte=now)
+            | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1, available_at__lte=now)
+            | Q(status=StepStatus.RUNNING, lease_expires_at__lt=EpochMs())
+        )
+        qs = self.steps().filter(
+            ready,
+            kind=StepKind.QUEUED,
+            run_id__in=self.runs()
+            .filter(status=RunStatus.RUNNING, inline=False)
+            .values("id"),
+        )
+        if queues:
+            qs = qs.filter(queue__in=list(queues))
+        claimed: list[ClaimedStep] = []
+        with self._claims_serialised(), self.atomic():
+            candidates = list(
+                qs.order_by("id")
+                .select_for_update(skip_locked=True)
+                .annotate(store_now=EpochMs())[:limit]
+            )
+            for step in candidates:
+                got = self._decide_claim(
+                    step, self.lease_ms_for_queue(step.queue), worker or default_worker_id()
+                )
+                if got is not None:
+                    claimed.append(got)
+        return claimed
+
+    def work_once(self, queues: Iterable[str] | None = None, worker: str = "") -> int:
+        """Do one unit of due work (a pass, or a step): how many units were done."""
+        done = 0
+        for run_id in self.claim_due_runs(1):
+            self.orchestrate(run_id)
+            done += 1
+        for claimed in self.claim_due_steps(queues, 1, worker):
+            self.execute_step(claimed)
+            done += 1
+        return done
+
+    def run_until_idle(self, queues: Iterable[str] | None = None, max_units: int = 100_000) -> int:
+        """Do due work in this thread until none is left now; how many units were done."""
+        total = 0
+        while total < max_units:
+            done = self.work_once(queues)
+            if not done:
+                return total
+            total += done
+        raise RuntimeError(f"run_until_idle did {max_units} units and work was still due")
+
+    # -- inline runs -------------------------------------------------------------------
+
+    def drive_inline(self, run_id: uuid.UUID | str) -> WorkflowRun:
+        """Run an inline run to an end (or suspension) in this process."""
+        while True:
+            run = self.get_run(run_id)
+            if run.status != RunStatus.RUNNING:
+                return run
+            self.orchestrate(run.id)
+            run = self.get_run(run_id)
+            if run.status != RunStatus.RUNNING:
+                return run
+            if self._work_inline_tree(run.id):
+                continue
+            due = self._next_due_in_tree(run.id)
+            if due is None:
+                logger.warning("Inline run %s is waiting on work that is not due here", run.id)
+                return run
+            self.clock.sleep(max(0.0, (due - self.clock.now()).total_seconds()))
+
+    def _tree(self, run_id: uuid.UUID) -> list[uuid.UUID]:
+        ids, frontier = [run_id], [run_id]
+        while frontier:
+            frontier = list(
+                self.steps()
+                .filter(run_id__in=frontier, child_run__isnull=False)
+                .values_list("child_run_id", flat=True)
+            )
+            ids.extend(frontier)
+        return ids
+
+    def _work_inline_tree(self, root: uuid.UUID) -> bool:
+        tree = self._tree(root)
+        did = False
+        now = self.clock.now()
+        for child in self.runs().filter(id__in=tree[1:], status=RunStatus.RUNNING):
+            before = (child.status, child.wakes, child.updated_at)
+            self.orchestrate(child.id)
+            child.refresh_from_db()
+            did = did or (child.status, child.wakes, child.updated_at) != before
+        ready = (
+            Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING), available_at__lte=now)
+            | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1, available_at__lte=now)
+        )
+        for step in self.steps().annotate(store_now=EpochMs()).filter(
+            ready, kind=StepKind.QUEUED, run_id__in=tree
+        ).order_by("id"):
+            claimed = self._decide_claim(
+                step, self.lease_ms_for_queue(step.queue), default_worker_id()
+            )
+            if claimed is not None:
+                self.execute_step(claimed)
+                did = True
+        return did
+
+    def _next_due_in_tree(self, root: uuid.UUID) -> datetime | None:
+        tree = self._tree(root)
+        dues = [
+            d
+            for d in self.steps()
+            .filter(
+                run_id__in=tree,
+                status__in=(StepStatus.SCHEDULED, StepStatus.FAILED, StepStatus.PENDING),
+                available_at__isnull=False,
+            )
+            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .values_list("available_at", flat=True)
+        ]
+        return min(dues) if dues else None
+
+
+class _NullLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def epoch_ms_now() -> int:
+    return process_now_ms()
+
+
+TERMINAL = TERMINAL_RUN_STATUSES

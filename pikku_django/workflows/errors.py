@@ -1,0 +1,109 @@
+"""Errors of the workflow engine, and how errors are stored."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+
+class WorkflowError(Exception):
+    """Base class of workflow errors."""
+
+    code = "WORKFLOW_ERROR"
+
+
+class WorkflowNotFoundError(WorkflowError, LookupError):
+    """No workflow is registered under that name."""
+
+    code = "WORKFLOW_NOT_FOUND"
+
+
+class WorkflowRunNotFoundError(WorkflowError, LookupError):
+    """No run has that id."""
+
+    code = "RUN_NOT_FOUND"
+
+
+class WorkflowRunStateError(WorkflowError):
+    """The run is not in a status that allows the operation (e.g. resuming a running run)."""
+
+    code = "RUN_STATE"
+
+
+class StepFunctionNotFoundError(WorkflowError, LookupError):
+    """A step names a function that is not registered in this process."""
+
+    code = "RPC_NOT_FOUND"
+
+    def __init__(self, function: str) -> None:
+        super().__init__(f"Step function {function!r} is not registered")
+        self.function = function
+
+
+class WorkflowDefinitionError(WorkflowError):
+    """A workflow or step was declared or called wrongly."""
+
+    code = "DEFINITION"
+
+
+class NonDeterministicWorkflowError(WorkflowError):
+    """On replay a step name now calls another function than the one recorded."""
+
+    code = "NON_DETERMINISTIC"
+
+
+class NotSerializableError(WorkflowError, TypeError):
+    """A step result, workflow input or output is not plain JSON."""
+
+    code = "NOT_SERIALIZABLE"
+
+
+class StepFailedError(WorkflowError):
+    """A step failed on its last attempt; raised inside the workflow function."""
+
+    code = "STEP_FAILED"
+
+    def __init__(self, step: str, error: dict[str, Any] | None) -> None:
+        error = error or {}
+        super().__init__(f"Step {step!r} failed: {error.get('type', 'Error')}: "
+                         f"{error.get('message', '')}")
+        self.step = step
+        self.error = error
+
+
+class WorkflowStepSupersededError(WorkflowError):
+    """A step write came from an attempt that a newer claim has replaced."""
+
+    code = "STEP_SUPERSEDED"
+
+    def __init__(self, step_id: int, attempt: int) -> None:
+        super().__init__(f"Attempt {attempt} of step {step_id} was superseded by a newer claim")
+        self.step_id = step_id
+        self.attempt = attempt
+
+
+class WorkflowStepLeaseExpiredError(WorkflowError):
+    """A step lost its worker on every one of its attempts."""
+
+    code = "STEP_LEASE_EXPIRED"
+
+    def __init__(self, step: str, attempts: int) -> None:
+        super().__init__(
+            f"Step {step!r} lost its worker on every one of its {attempts} attempts"
+        )
+        self.step = step
+        self.attempts = attempts
+
+
+def serialize_error(exc: BaseException) -> dict[str, Any]:
+    """An exception as stored: type, message, traceback, and a code when it has one."""
+    cls = type(exc)
+    data: dict[str, Any] = {
+        "type": cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}",
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    code = getattr(exc, "code", None)
+    if isinstance(code, str):
+        data["code"] = code
+    return data

@@ -1,0 +1,203 @@
+"""Workflows and step functions, registered by name.
+
+Both are declared with decorators in an installed app's ``workflows.py``, which
+pikku_django imports at start-up.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+from django.core.exceptions import ImproperlyConfigured
+
+from pikku_django.workflows.durations import Duration, parse_duration
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_lock = threading.RLock()
+_workflows: dict[str, WorkflowDefinition] = {}
+_steps: dict[str, StepDefinition] = {}
+
+
+@dataclass(frozen=True)
+class WorkflowDefinition:
+    """A registered workflow: ``fn(ctx, input)`` replayed on each orchestration pass."""
+
+    name: str
+    fn: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class StepDefinition:
+    """A registered step function and its defaults."""
+
+    name: str
+    fn: Callable[..., Any]
+    queue: str | None = None
+    retries: int | None = None
+    retry_delay: float | None = None
+    backoff: str | None = None
+    transactional: bool = False
+
+    def call(self, data: Any) -> Any:
+        return call_step_function(self.fn, data)
+
+
+def call_step_function(fn: Callable[..., Any], data: Any) -> Any:
+    """Call ``fn(data)``, or ``fn()`` when it takes no argument."""
+    if _takes_no_arguments(fn):
+        return fn()
+    return fn(data)
+
+
+def _takes_no_arguments(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return not any(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params
+    )
+
+
+def _identity(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _check_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise ImproperlyConfigured(f"A {what} name must be a non-empty str, got {name!r}")
+    if len(name) > 200:
+        raise ImproperlyConfigured(f"A {what} name is at most 200 characters: {name!r}")
+    return name
+
+
+def _register(table: dict[str, Any], name: str, definition: Any, what: str) -> None:
+    with _lock:
+        existing = table.get(name)
+        if existing is not None and _identity(existing.fn) != _identity(definition.fn):
+            raise ImproperlyConfigured(
+                f"Two {what}s are registered as {name!r}: {_identity(existing.fn)} and "
+                f"{_identity(definition.fn)}. Give one of them another name="
+            )
+        table[name] = definition
+
+
+@overload
+def workflow(fn: F, /) -> F: ...
+@overload
+def workflow(*, name: str | None = None) -> Callable[[F], F]: ...
+
+
+def workflow(fn: Callable[..., Any] | None = None, /, *, name: str | None = None) -> Any:
+    """Register ``fn(ctx, input)`` as a workflow, under ``name`` or its function name.
+
+    The function is replayed from the top on every orchestration pass: anything
+    with side effects belongs in a step (``ctx.do``).
+    """
+
+    def register(func: F) -> F:
+        wf_name = _check_name(name or func.__name__, "workflow")
+        _register(_workflows, wf_name, WorkflowDefinition(wf_name, func), "workflow")
+        func.__pikku_workflow__ = wf_name  # type: ignore[attr-defined]
+        return func
+
+    return register(fn) if fn is not None else register
+
+
+@overload
+def step(fn: F, /) -> F: ...
+@overload
+def step(
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    retries: int | None = None,
+    retry_delay: Duration | None = None,
+    backoff: str | None = None,
+    transactional: bool = False,
+) -> Callable[[F], F]: ...
+
+
+def step(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    retries: int | None = None,
+    retry_delay: Duration | None = None,
+    backoff: str | None = None,
+    transactional: bool = False,
+) -> Any:
+    """Register ``fn(data)`` as a step function that workers run, by name.
+
+    ``queue``, ``retries``, ``retry_delay``, ``backoff`` and ``transactional``
+    are its defaults; ``ctx.do(...)`` may override each.
+    """
+    if retries is not None:
+        check_retries(retries)
+    delay = None if retry_delay is None else parse_duration(retry_delay, what="retry_delay")
+    if backoff is not None:
+        check_backoff(backoff)
+
+    def register(func: F) -> F:
+        step_name = _check_name(name or func.__name__, "step")
+        definition = StepDefinition(
+            step_name, func, queue, retries, delay, backoff, bool(transactional)
+        )
+        _register(_steps, step_name, definition, "step function")
+        func.__pikku_step__ = step_name  # type: ignore[attr-defined]
+        return func
+
+    return register(fn) if fn is not None else register
+
+
+def check_retries(retries: object) -> int:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an int of 0 or more, not {retries!r}")
+    return retries
+
+
+def check_backoff(backoff: object) -> str:
+    if backoff not in ("fixed", "exponential"):
+        raise ValueError(f"backoff must be 'fixed' or 'exponential', not {backoff!r}")
+    return str(backoff)
+
+
+def get_workflow(name_or_fn: str | Callable[..., Any]) -> WorkflowDefinition | None:
+    """The workflow registered under a name, or for a decorated function."""
+    name = getattr(name_or_fn, "__pikku_workflow__", name_or_fn)
+    return _workflows.get(name) if isinstance(name, str) else None
+
+
+def get_step(name_or_fn: str | Callable[..., Any]) -> StepDefinition | None:
+    """The step function registered under a name, or for a decorated function."""
+    name = getattr(name_or_fn, "__pikku_step__", name_or_fn)
+    return _steps.get(name) if isinstance(name, str) else None
+
+
+def workflow_names() -> list[str]:
+    return sorted(_workflows)
+
+
+def step_names() -> list[str]:
+    return sorted(_steps)
+
+
+def unregister(name: str) -> None:
+    """Forget a workflow or step function registered as ``name`` (for tests)."""
+    with _lock:
+        _workflows.pop(name, None)
+        _steps.pop(name, None)
+
+
+def autodiscover() -> None:
+    """Import ``workflows`` from every installed app."""
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("workflows")

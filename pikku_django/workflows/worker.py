@@ -1,0 +1,338 @@
+"""The worker behind ``manage.py pikku_worker``: orchestration passes and steps, in threads."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import close_old_connections, connections
+
+from pikku_django.leases import HeldLease, LeaseTakenError, hold_lease
+from pikku_django.models import RunStatus, StepKind, StepStatus
+from pikku_django.workflows.engine import ClaimedStep, WorkflowEngine
+from pikku_django.workflows.sql import CHANNEL
+
+logger = logging.getLogger(__name__)
+
+#: Leases shorter than this still renew every half lease, with one warning.
+SHORT_LEASE_MS = 1_000
+_warned_short_lease = False
+
+
+def renewal_interval_s(lease_ms: int) -> float:
+    """Seconds between renewals of a step lease: at most half the lease."""
+    return max(0.001, lease_ms / 2 / 1000)
+
+
+@contextmanager
+def keep_step_lease(engine: WorkflowEngine, claimed: ClaimedStep) -> Iterator[threading.Event]:
+    """Renew a claimed step's lease every half lease while the block runs.
+
+    Yields an Event set once a renewal reports that a newer attempt replaced
+    this one; renewal then stops (the attempt's writes will be refused).
+    """
+    global _warned_short_lease
+    if claimed.lease_ms < SHORT_LEASE_MS and not _warned_short_lease:
+        _warned_short_lease = True
+        logger.warning(
+            "Step lease of %d ms on queue %r is under a second; renewing every %d ms",
+            claimed.lease_ms,
+            claimed.queue,
+            claimed.lease_ms // 2,
+        )
+    superseded = threading.Event()
+    stop = threading.Event()
+
+    def renew() -> None:
+        interval = renewal_interval_s(claimed.lease_ms)
+        try:
+            while not stop.wait(interval):
+                try:
+                    held = engine.refresh_step_lease(
+                        claimed.step_id, claimed.lease_ms, claimed.attempt
+                    )
+                except Exception:
+                    logger.warning(
+                        "Renewing the lease of step %s failed; will retry",
+                        claimed.name,
+                        exc_info=True,
+                    )
+                    continue
+                if not held:
+                    logger.warning(
+                        "Step %s attempt %d was claimed by a newer attempt; "
+                        "its outcome will not be recorded",
+                        claimed.name,
+                        claimed.attempt,
+                    )
+                    superseded.set()
+                    return
+        except BaseException:
+            logger.exception("The lease renewal of step %s died", claimed.name)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=renew, name=f"pikku-step-lease:{claimed.step_id}", daemon=True)
+    thread.start()
+    try:
+        yield superseded
+    finally:
+        stop.set()
+        thread.join()
+
+
+class Worker:
+    """Runs orchestration passes and queued steps on ``concurrency`` threads.
+
+    ``queues`` limits which step queues it serves (all when empty). With
+    ``until_idle`` it returns once no work is in flight and none is due within
+    ``idle_grace`` seconds.
+    """
+
+    def __init__(
+        self,
+        engine: WorkflowEngine,
+        *,
+        concurrency: int = 4,
+        queues: Sequence[str] = (),
+        poll_interval: float = 1.0,
+        until_idle: bool = False,
+        idle_grace: float = 10.0,
+        shutdown_timeout: float = 30.0,
+        notify: bool = True,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval must be greater than 0, not {poll_interval}")
+        self.engine = engine
+        self.concurrency = concurrency
+        self.queues = list(queues)
+        self.poll_interval = poll_interval
+        self.until_idle = until_idle
+        self.idle_grace = idle_grace
+        self.shutdown_timeout = shutdown_timeout
+        self.notify = notify
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.stopping = threading.Event()
+        self._work = threading.Condition()
+        self._idle: set[int] = set()
+        self._in_flight: dict[int, ClaimedStep] = {}
+        self._lock = threading.Lock()
+        self.passes = 0
+        self.steps = 0
+        self.errors = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Work until stopped (or, with until_idle, until nothing is left)."""
+        with self._single_sqlite_worker():
+            threads = [
+                threading.Thread(target=self._loop, args=(i,), name=f"pikku-worker-{i}")
+                for i in range(self.concurrency)
+            ]
+            listener = None
+            if self.notify and self.engine.vendor == "postgresql":
+                listener = threading.Thread(
+                    target=self._listen, name="pikku-worker-listen", daemon=True
+                )
+                listener.start()
+            logger.info(
+                "pikku_worker %s: %d thread(s), queues %s, database %r (%s)",
+                self.name,
+                self.concurrency,
+                ", ".join(self.queues) or "all",
+                self.engine.using,
+                "notified" if listener else f"polling every {self.poll_interval:g}s",
+            )
+            for t in threads:
+                t.start()
+            last_report = time.monotonic()
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(timeout=0.2)
+                if time.monotonic() - last_report >= 60:
+                    last_report = time.monotonic()
+                    self._report()
+            self._report()
+
+    def stop(self) -> None:
+        """Stop claiming; threads finish what they hold, then return."""
+        if not self.stopping.is_set():
+            logger.info("pikku_worker %s stopping: finishing work in flight", self.name)
+        self.stopping.set()
+        self._wake_all()
+
+    def hand_back(self) -> int:
+        """Give up the steps in flight (their leases lapse now, fenced by attempt)."""
+        with self._lock:
+            in_flight = list(self._in_flight.values())
+        handed = 0
+        for claimed in in_flight:
+            try:
+                if self.engine.refresh_step_lease(claimed.step_id, -1, claimed.attempt):
+                    handed += 1
+                    logger.warning(
+                        "Handed back step %s attempt %d: another worker will retry it",
+                        claimed.name,
+                        claimed.attempt,
+                    )
+            except Exception:
+                logger.exception("Could not hand back step %s", claimed.name)
+        return handed
+
+    def _report(self) -> None:
+        logger.info(
+            "pikku_worker %s: %d passes, %d steps, %d errors so far",
+            self.name,
+            self.passes,
+            self.steps,
+            self.errors,
+        )
+
+    @contextmanager
+    def _single_sqlite_worker(self) -> Iterator[HeldLease | None]:
+        if self.engine.vendor != "sqlite":
+            yield None
+            return
+        key = f"pikku-worker:sqlite:{connections[self.engine.using].settings_dict['NAME']}"[:255]
+        try:
+            with hold_lease(key, ttl_ms=30_000, service=self.engine.leases) as held:
+                yield held
+        except LeaseTakenError:
+            from django.core.management.base import CommandError
+
+            raise CommandError(
+                "Another pikku_worker is already running on this SQLite database. SQLite "
+                "allows one worker process: stop the other one, or use --concurrency for "
+                "more threads in one process (or move to PostgreSQL or MariaDB)."
+            ) from None
+
+    # -- the work loop -------------------------------------------------------------------
+
+    def _wake_all(self) -> None:
+        with self._work:
+            self._work.notify_all()
+
+    def _loop(self, index: int) -> None:
+        try:
+            while not self.stopping.is_set():
+                with self._lock:
+                    self._idle.discard(index)  # busy until this iteration finds nothing
+                try:
+                    done = self._one_unit()
+                except Exception:
+                    self.errors += 1
+                    logger.exception("pikku_worker thread %d hit an error; continuing", index)
+                    done = 0
+                    self.stopping.wait(min(self.poll_interval, 1.0))
+                finally:
+                    close_old_connections()
+                if done:
+                    self._wake_all()  # what this unit scheduled may be for another thread
+                    continue
+                if self.until_idle and self._all_idle(index):
+                    self.stop()
+                    return
+                with self._work:
+                    self._work.wait(self.poll_interval)
+        finally:
+            connections.close_all()
+
+    def _one_unit(self) -> int:
+        engine = self.engine
+        done = 0
+        for run_id in engine.claim_due_runs(1):
+            engine.orchestrate(run_id)
+            self.passes += 1
+            done += 1
+        if self.stopping.is_set():
+            return done
+        for claimed in engine.claim_due_steps(
+            self.queues, 1, f"{self.name}:{threading.get_ident()}"
+        ):
+            with self._lock:
+                self._in_flight[claimed.step_id] = claimed
+            try:
+                with keep_step_lease(engine, claimed):
+                    engine.execute_step(claimed)
+            finally:
+                with self._lock:
+                    self._in_flight.pop(claimed.step_id, None)
+            self.steps += 1
+            done += 1
+        return done
+
+    def _all_idle(self, index: int) -> bool:
+        with self._lock:
+            self._idle.add(index)
+            if len(self._idle) < self.concurrency:
+                return False
+        return not self._work_pending()
+
+    def _work_pending(self) -> bool:
+        """Whether anything is in flight or due within the idle grace (so until_idle goes on)."""
+        engine = self.engine
+        now = engine.clock.now() + timedelta(seconds=self.idle_grace)
+        if engine.runs().filter(status=RunStatus.RUNNING, inline=False, wake_at__lte=now).exists():
+            return True
+        steps = engine.steps().filter(
+            kind=StepKind.QUEUED, run__status=RunStatus.RUNNING, run__inline=False
+        )
+        if self.queues:
+            steps = steps.filter(queue__in=self.queues)
+        return (
+            steps.filter(
+                status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.RUNNING),
+                available_at__lte=now,
+            ).exists()
+            or steps.filter(status=StepStatus.RUNNING).exists()
+        )
+
+    def pending_summary(self) -> dict[str, Any]:
+        """What is left for later: runs waiting on timers and the next due time."""
+        engine = self.engine
+        waiting = engine.runs().filter(status=RunStatus.RUNNING, wake_at__isnull=False)
+        return {
+            "running_runs": engine.runs().filter(status=RunStatus.RUNNING).count(),
+            "suspended_runs": engine.runs().filter(status=RunStatus.SUSPENDED).count(),
+            "next_wake_at": waiting.order_by("wake_at").values_list("wake_at", flat=True).first(),
+        }
+
+    # -- PostgreSQL LISTEN/NOTIFY ------------------------------------------------------------
+
+    def _listen(self) -> None:
+        template = connections[self.engine.using]
+        while not self.stopping.is_set():
+            conn = type(template)(template.settings_dict, self.engine.using)
+            try:
+                conn.ensure_connection()
+                raw = conn.connection
+                raw.autocommit = True
+                raw.execute(f"LISTEN {CHANNEL}")
+                while not self.stopping.is_set():
+                    for _ in raw.notifies(timeout=1.0, stop_after=1):
+                        self._wake_all()
+            except Exception:
+                if self.stopping.is_set():
+                    return
+                logger.warning(
+                    "LISTEN %s failed; reconnecting in %gs",
+                    CHANNEL,
+                    self.poll_interval,
+                    exc_info=True,
+                )
+                self.stopping.wait(self.poll_interval)
+            finally:
+                try:
+                    conn.close()
+                except Exception:
+                    logger.debug("closing the LISTEN connection failed", exc_info=True)
