@@ -7,9 +7,9 @@ import os
 import socket
 import threading
 import time
-from datetime import timedelta
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 from django.db import close_old_connections, connections
@@ -162,6 +162,9 @@ class Worker:
                 if time.monotonic() - last_report >= 60:
                     last_report = time.monotonic()
                     self._report()
+            self.stopping.set()
+            if listener is not None:
+                listener.join(timeout=10)
             self._report()
 
     def stop(self) -> None:

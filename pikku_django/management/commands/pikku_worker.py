@@ -78,8 +78,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        concurrency = options["concurrency"] or pikku_settings.WORKER_CONCURRENCY
-        poll = options["poll_interval"] or pikku_settings.WORKER_POLL_INTERVAL
+        concurrency = options["concurrency"]
+        if concurrency is None:
+            concurrency = pikku_settings.WORKER_CONCURRENCY
+        poll = options["poll_interval"]
+        if poll is None:
+            poll = pikku_settings.WORKER_POLL_INTERVAL
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
         if poll <= 0:

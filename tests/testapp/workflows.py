@@ -1,0 +1,43 @@
+"""Workflows for the worker-process tests."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pikku_django.workflows import WorkflowContext, step, workflow
+
+
+@step(name="testapp.record")
+def record(data: dict[str, Any]) -> dict[str, Any]:
+    from tests.testapp.models import Effect
+
+    Effect.objects.using(data["db"]).create(
+        run_id=data["run"], step=data["step"], attempt_pid=os.getpid()
+    )
+    return {"step": data["step"], "pid": os.getpid()}
+
+
+@step(name="testapp.slow")
+def slow(data: dict[str, Any]) -> dict[str, Any]:
+    """Signals that it started (a file), then works for ``seconds``."""
+    Path(data["started"]).write_text(str(os.getpid()))
+    time.sleep(data["seconds"])
+    return {"pid": os.getpid()}
+
+
+@workflow(name="testapp.three_records")
+def three_records(ctx: WorkflowContext, input: dict[str, Any]) -> list[Any]:
+    out = []
+    for name in ("a", "b", "c"):
+        out.append(
+            ctx.do(name, "testapp.record", {"db": input["db"], "run": input["run"], "step": name})
+        )
+    return out
+
+
+@workflow(name="testapp.slow_one")
+def slow_one(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
+    return ctx.do("slow", "testapp.slow", input)

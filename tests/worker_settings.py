@@ -1,0 +1,27 @@
+"""tests.settings for a worker process a test starts, pointed at that test's database.
+
+PIKKU_TEST_ALIAS names the DATABASES alias and PIKKU_TEST_DB_NAME its test
+database; workflows and leases both live there.
+"""
+
+import os
+
+from tests.settings import *  # noqa: F403
+from tests.settings import DATABASES
+
+_alias = os.environ["PIKKU_TEST_ALIAS"]
+DATABASES[_alias]["NAME"] = os.environ["PIKKU_TEST_DB_NAME"]
+if _alias != "default":
+    DATABASES["default"]["NAME"] = os.environ["PIKKU_TEST_DEFAULT_NAME"]
+PIKKU = {
+    "WORKFLOW_DATABASE": _alias,
+    "LEASE_DATABASE": _alias,
+    "STEP_LEASE_MS": int(os.environ.get("PIKKU_TEST_STEP_LEASE_MS", "60000")),
+    "WORKER_POLL_INTERVAL": float(os.environ.get("PIKKU_TEST_POLL", "0.2")),
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"pikku_django": {"handlers": ["console"], "level": "INFO"}},
+}
