@@ -33,6 +33,9 @@ $(VENV_LATEST)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	cd example_project && ../$(VENV)/bin/python manage.py migrate --no-input -v 0
 	cd example_project && ../$(VENV)/bin/python manage.py demo
+	cd example_project && ../$(VENV)/bin/python manage.py place_order 42 1999
+	cd example_project && ../$(VENV)/bin/python manage.py pikku_worker --until-idle
+	cd example_project && ../$(VENV)/bin/python manage.py order_status
 
 serve: $(VENV)/.installed
 	cd example_project && ../$(VENV)/bin/python manage.py migrate --no-input -v 0

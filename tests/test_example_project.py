@@ -31,3 +31,21 @@ def test_demo_runs_on_a_fresh_sqlite_database(tmp_path: Path) -> None:
     assert "LeaseTakenError" in done.stdout
     assert "LeaseLostError" in done.stdout
     assert "token 2" in done.stdout
+
+
+def test_order_workflow_finishes_under_pikku_worker(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'example.sqlite3'}"
+    for args in (
+        ["migrate", "--no-input", "-v", "0"],
+        ["place_order", "7", "500"],
+        ["place_order", "7", "500"],  # the same order again: the same run
+        ["pikku_worker", "--until-idle", "--poll-interval", "0.2"],
+    ):
+        done = run(args, env)
+        assert done.returncode == 0, done.stdout + done.stderr
+    status = run(["order_status"], env)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.count("Run ") == 1
+    assert ": completed" in status.stdout
+    assert "TRACK-PARCEL-7" in status.stdout
