@@ -37,6 +37,24 @@ def database_alias(vendor: str) -> str:
     return DATABASE_ALIASES[vendor]
 
 
+def db_mark(vendor: str, *, transaction: bool = True) -> pytest.MarkDecorator:
+    """pytest-django's mark for a test on ``vendor`` (with the SQLite default alongside).
+
+    An alias that is not configured is left out, so the test reaches
+    :func:`database_alias`, which skips it (or fails it under CI) with a reason.
+    """
+    aliases = [a for a in ("default", DATABASE_ALIASES[vendor]) if a in settings.DATABASES]
+    return pytest.mark.django_db(databases=sorted(set(aliases)), transaction=transaction)
+
+
+def on_databases(*vendors: str, transaction: bool = True) -> pytest.MarkDecorator:
+    """Parametrize a test's ``vendor`` argument over databases, each with its db mark."""
+    return pytest.mark.parametrize(
+        "vendor",
+        [pytest.param(v, marks=db_mark(v, transaction=transaction), id=v) for v in vendors],
+    )
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _close_lease_connections(django_db_setup: None) -> Iterator[None]:
     # Test databases cannot be dropped while lease connections are open to them.

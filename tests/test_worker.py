@@ -18,29 +18,13 @@ from pikku_django.leases.database import close_database_lease_connections
 from pikku_django.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import WorkflowEngine
 from pikku_django.workflows.worker import Worker
-from tests.conftest import database_alias
+from tests.conftest import database_alias, on_databases
 from tests.testapp.models import Effect
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def on(*vendors: str) -> Any:
-    return pytest.mark.parametrize(
-        "vendor",
-        [
-            pytest.param(
-                v,
-                marks=pytest.mark.django_db(
-                    databases=sorted({"default", database_alias_name(v)}), transaction=True
-                ),
-            )
-            for v in vendors
-        ],
-    )
-
-
-def database_alias_name(vendor: str) -> str:
-    return {"sqlite": "default", "postgres": "postgres", "mariadb": "mariadb"}[vendor]
+on = on_databases
 
 
 ALL = ("sqlite", "postgres", "mariadb")
