@@ -46,6 +46,11 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_PROCESSES": 1,
     "WORKER_POLL_INTERVAL": 1.0,
     "WORKER_NOTIFY": True,
+    # Recovery inside pikku_worker: every RECOVERY_INTERVAL seconds one worker
+    # wakes runs that have had nothing in flight for STALLED_RUN_AFTER seconds.
+    # (Steps whose worker died are reclaimed as soon as their lease lapses.)
+    "RECOVERY_INTERVAL": 30.0,
+    "STALLED_RUN_AFTER": 300.0,
 }
 
 

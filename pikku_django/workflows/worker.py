@@ -13,7 +13,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import close_old_connections, connections
+from django.db.models import Exists, F, OuterRef, Q
 
+from pikku_django.conf import pikku_settings
+from pikku_django.dbclock import EpochMs
 from pikku_django.leases import HeldLease, LeaseTakenError, hold_lease
 from pikku_django.models import RunStatus, StepKind, StepStatus
 from pikku_django.workflows.engine import ClaimedStep, WorkflowEngine
@@ -88,6 +91,36 @@ def keep_step_lease(engine: WorkflowEngine, claimed: ClaimedStep) -> Iterator[th
         thread.join()
 
 
+def wake_stalled_runs(engine: WorkflowEngine, stalled_after: float, limit: int = 500) -> int:
+    """Wake running runs that nothing will wake: no step in flight, idle for a while.
+
+    A step in flight is scheduled, pending, suspended, waiting for a retry, or
+    running under a live (or parked, null) lease. Such a run can only be left
+    behind when a worker died between settling a step and waking its run.
+    """
+    cutoff = engine.clock.now() - timedelta(seconds=stalled_after)
+    in_flight = (
+        engine.steps()
+        .filter(run_id=OuterRef("id"))
+        .filter(
+            Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.SUSPENDED))
+            | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1)
+            | Q(status=StepStatus.RUNNING, lease_expires_at__isnull=True)
+            | Q(status=StepStatus.RUNNING, lease_expires_at__gte=EpochMs())
+        )
+    )
+    stalled = list(
+        engine.runs()
+        .filter(status=RunStatus.RUNNING, inline=False, wake_at__isnull=True, updated_at__lt=cutoff)
+        .exclude(Exists(in_flight))
+        .values_list("id", flat=True)[:limit]
+    )
+    for run_id in stalled:
+        logger.warning("Run %s had nothing in flight for %gs: waking it", run_id, stalled_after)
+        engine.wake_run(run_id)
+    return len(stalled)
+
+
 class Worker:
     """Runs orchestration passes and queued steps on ``concurrency`` threads.
 
@@ -118,6 +151,8 @@ class Worker:
         self.poll_interval = poll_interval
         self.until_idle = until_idle
         self.idle_grace = idle_grace
+        self.recovery_interval = float(pikku_settings.RECOVERY_INTERVAL)
+        self.stalled_after = float(pikku_settings.STALLED_RUN_AFTER)
         self.shutdown_timeout = shutdown_timeout
         self.notify = notify
         self.name = f"{socket.gethostname()}:{os.getpid()}"
@@ -155,13 +190,16 @@ class Worker:
             )
             for t in threads:
                 t.start()
-            last_report = time.monotonic()
+            last_report = last_sweep = time.monotonic()
             while any(t.is_alive() for t in threads):
                 for t in threads:
                     t.join(timeout=0.2)
                 if time.monotonic() - last_report >= 60:
                     last_report = time.monotonic()
                     self._report()
+                if time.monotonic() - last_sweep >= self.recovery_interval:
+                    last_sweep = time.monotonic()
+                    self.recover()
             self.stopping.set()
             if listener is not None:
                 listener.join(timeout=10)
@@ -191,6 +229,28 @@ class Worker:
             except Exception:
                 logger.exception("Could not hand back step %s", claimed.name)
         return handed
+
+    def recover(self) -> int:
+        """One recovery sweep, by whichever worker of the fleet holds the sweep lease.
+
+        Lapsed step claims need no sweep: workers claim them like ready steps.
+        """
+        try:
+            lease = self.engine.leases.acquire(
+                f"pikku-recovery:{self.engine.using}",
+                self.name,
+                max(1, int(self.recovery_interval * 1000)),
+            )
+            if lease is None:
+                return 0
+            return wake_stalled_runs(self.engine, self.stalled_after)
+        except Exception:
+            logger.exception(
+                "The recovery sweep failed; it runs again in %gs", self.recovery_interval
+            )
+            return 0
+        finally:
+            connections.close_all()
 
     def _report(self) -> None:
         logger.info(
