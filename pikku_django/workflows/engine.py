@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -214,7 +215,8 @@ class WorkflowEngine:
     def get_run(self, run_id: uuid.UUID | str) -> WorkflowRun:
         try:
             return self.runs().get(id=run_id)
-        except (WorkflowRun.DoesNotExist, ValueError, TypeError) as exc:
+        except (WorkflowRun.DoesNotExist, ValidationError, ValueError, TypeError) as exc:
+            # A malformed id (ValidationError from the UUID field) matches no run either.
             raise WorkflowRunNotFoundError(f"No workflow run has id {run_id!r}") from exc
 
     def resume(self, run_id: uuid.UUID | str, data: Any = None) -> WorkflowRun:
@@ -713,8 +715,11 @@ class WorkflowEngine:
         self, step: WorkflowStep, *, guard: Q, lease_ms: int, worker: str
     ) -> ClaimedStep | None:
         attempt = step.attempt + 1
+        # Only a step of a running run is claimed, by whichever route: a cancelled
+        # (or otherwise settled) run's steps never run again.
+        live_runs = self.runs().filter(status=RunStatus.RUNNING).values("id")
         with self.atomic():
-            won = self.steps().filter(guard, id=step.id).update(
+            won = self.steps().filter(guard, id=step.id, run_id__in=live_runs).update(
                 status=StepStatus.RUNNING,
                 attempt=attempt,
                 result=None,
@@ -1028,11 +1033,19 @@ class WorkflowEngine:
         tree = self._tree(root)
         did = False
         now = self.clock.now()
-        for child in self.runs().filter(id__in=tree[1:], status=RunStatus.RUNNING):
-            before = (child.status, child.wakes, child.updated_at)
-            self.orchestrate(child.id)
-            child.refresh_from_db()
-            did = did or (child.status, child.wakes, child.updated_at) != before
+        children = list(
+            self.runs()
+            .filter(id__in=tree[1:], status=RunStatus.RUNNING)
+            .values_list("id", flat=True)
+        )
+        if children:
+            # Progress is a run or step of the tree that changed, not a pass as such:
+            # a child that parks on a sleep again has done nothing, and the caller
+            # must then wait for the next due time rather than pass it again.
+            before = self._tree_state(tree)
+            for child_id in children:
+                self.orchestrate(child_id)
+            did = self._tree_state(tree) != before
         ready = (
             Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING), available_at__lte=now)
             | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1, available_at__lte=now)
@@ -1047,6 +1060,13 @@ class WorkflowEngine:
                 self.execute_step(claimed)
                 did = True
         return did
+
+    def _tree_state(self, tree: list[uuid.UUID]) -> tuple[set[Any], set[Any]]:
+        runs = set(self.runs().filter(id__in=tree).values_list("id", "status"))
+        steps = set(
+            self.steps().filter(run_id__in=tree).values_list("id", "status", "attempt")
+        )
+        return runs, steps
 
     def _next_due_in_tree(self, root: uuid.UUID) -> datetime | None:
         tree = self._tree(root)
