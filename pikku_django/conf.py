@@ -15,6 +15,9 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_BACKEND": "database",
     # The DATABASES alias the database backend writes its leases through.
     "LEASE_DATABASE": "default",
+    # PostgreSQL: prepare the lease statements on the lease connections. Turn off
+    # behind PgBouncer older than 1.21 in transaction mode.
+    "LEASE_PREPARED_STATEMENTS": True,
     # The CACHES alias of a django-redis cache, required by the redis backend.
     "LEASE_CACHE": None,
     # Prefix for the Redis keys the redis backend writes.

@@ -108,10 +108,16 @@ DATABASES = {
 }
 if _reachable("postgres", SERVICE_URLS["postgres"], 5432):
     DATABASES["postgres"] = dj_database_url.parse(SERVICE_URLS["postgres"])
+    # One test database per test process, so runs side by side never collide.
+    DATABASES["postgres"]["TEST"] = {"NAME": f"test_pikku_{os.getpid()}"}
 if _reachable("mariadb", SERVICE_URLS["mariadb"], 3306):
     DATABASES["mariadb"] = dj_database_url.parse(SERVICE_URLS["mariadb"])
     DATABASES["mariadb"]["OPTIONS"] = {"charset": "utf8mb4"}
-    DATABASES["mariadb"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}
+    DATABASES["mariadb"]["TEST"] = {
+        "NAME": f"test_pikku_{os.getpid()}",
+        "CHARSET": "utf8mb4",
+        "COLLATION": "utf8mb4_bin",
+    }
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 if _reachable("redis", SERVICE_URLS["redis"], 6379):

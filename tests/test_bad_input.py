@@ -12,7 +12,7 @@ from pikku_django.leases import InMemoryLeaseService, LeaseService
 from pikku_django.leases.base import MAX_KEY_LENGTH
 from tests.conftest import database_alias, fresh_database_lease_service, require_service
 
-pytestmark = pytest.mark.django_db(databases="__all__")
+pytestmark = pytest.mark.django_db(databases="__all__", transaction=True)
 
 HOUR = 3_600_000
 # Any text without NUL (which no backend can store) up to the column length.

@@ -21,6 +21,7 @@ from pikku_django.testing.leases import (
 )
 from tests.conftest import (
     database_alias,
+    db_mark,
     fresh_database_lease_service,
     require_service,
     spawn_settings_dict,
@@ -33,7 +34,6 @@ class TestInMemoryLeases(LeaseServiceContract):
         return InMemoryLeaseService()
 
 
-@pytest.mark.django_db(databases="__all__")
 class DatabaseLeases(SharedLeaseServiceContract):
     vendor = ""
     options: dict[str, object] = {}  # noqa: RUF012
@@ -54,18 +54,24 @@ class DatabaseLeases(SharedLeaseServiceContract):
 from pikku_django.leases.database import DatabaseLeaseService  # noqa: E402
 
 
+# SQLite has one writer: a test wrapped in a transaction would hold it, so SQLite
+# tests commit as they go. The servers' tests run inside a rolled-back transaction.
+@db_mark("sqlite")
 class TestSQLiteLeases(DatabaseLeases):
     vendor = "sqlite"
 
 
+@db_mark("postgres", transaction=False)
 class TestPostgreSQLLeases(DatabaseLeases, StoreClockLeaseContract):
     vendor = "postgres"
 
 
+@db_mark("mariadb", transaction=False)
 class TestMariaDBLeases(DatabaseLeases, StoreClockLeaseContract):
     vendor = "mariadb"
 
 
+@db_mark("mariadb", transaction=False)
 class TestMySQLDialectOnMariaDB(DatabaseLeases, StoreClockLeaseContract):
     """The MySQL statements (no RETURNING), run on MariaDB."""
 

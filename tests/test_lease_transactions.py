@@ -7,19 +7,19 @@ import time
 
 import pytest
 from django.db import transaction
+from django.db.transaction import TransactionManagementError
 
 from pikku_django.leases.database import DatabaseLeaseService
 from tests.conftest import database_alias, fresh_database_lease_service
 
 HOUR = 3_600_000
-VENDORS = ["sqlite", "postgres", "mariadb"]
 
 
 class Boom(Exception):
     pass
 
 
-@pytest.fixture(params=VENDORS)
+@pytest.fixture(params=["postgres", "mariadb"])
 def service(request: pytest.FixtureRequest) -> DatabaseLeaseService:
     alias = database_alias(request.param)
     svc = fresh_database_lease_service(alias)
@@ -71,4 +71,16 @@ def test_lease_is_visible_to_others_before_the_callers_block_commits(vendor: str
         assert other.get("stage") is None
     finally:
         other.close()
+        service.close()
+
+
+@pytest.mark.django_db(databases=["default"], transaction=True)
+def test_sqlite_refuses_a_lease_inside_an_atomic_block_with_a_clear_error() -> None:
+    service = fresh_database_lease_service("default")
+    try:
+        assert service.acquire("before", "a", HOUR) is not None
+        with transaction.atomic(), pytest.raises(TransactionManagementError, match="SQLite"):
+            service.acquire("stage", "a", HOUR)
+        assert service.get("stage") is None
+    finally:
         service.close()

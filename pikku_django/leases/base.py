@@ -99,7 +99,8 @@ class LeaseService(abc.ABC):
 
     @abc.abstractmethod
     def release(self, lease: Lease) -> bool:
-        """Give the lease up if it is still this lease; the token counter is kept."""
+        """Give the lease up if it is still this live lease (True), else change
+        nothing (False). The token counter is kept."""
 
     @abc.abstractmethod
     def get(self, key: str) -> Lease | None:

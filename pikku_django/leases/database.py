@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.db import connections
+from django.db.transaction import TransactionManagementError
 
 from pikku_django.leases.base import (
     Lease,
@@ -34,15 +35,24 @@ _services: weakref.WeakSet[DatabaseLeaseService] = weakref.WeakSet()
 class _ConnectionPool:
     """Autocommit connections to one database alias, lent to one caller at a time."""
 
-    def __init__(self, alias: str, max_idle: int) -> None:
+    def __init__(self, alias: str, max_idle: int, *, prepared: bool = True) -> None:
         self.alias = alias
         self.max_idle = max_idle
+        self.prepared = prepared
         self._idle: list[Any] = []
         self._lock = threading.Lock()
 
     def _new(self) -> Any:
         template = connections[self.alias]
-        conn = type(template)(template.settings_dict, self.alias)
+        settings_dict = template.settings_dict
+        if template.vendor == "postgresql" and self.prepared:
+            # These connections run only the lease statements: bind server-side and
+            # let psycopg 3 prepare them, so the server plans each statement once.
+            options = dict(settings_dict.get("OPTIONS") or {})
+            options.setdefault("server_side_binding", True)
+            options.setdefault("prepare_threshold", 2)
+            settings_dict = {**settings_dict, "OPTIONS": options}
+        conn = type(template)(settings_dict, self.alias)
         conn.inc_thread_sharing()  # lent to whichever thread asks, one at a time
         return conn
 
@@ -85,12 +95,22 @@ class DatabaseLeaseService(LeaseService):
     """Leases in the ``pikku_lease`` table of a Django database.
 
     ``using`` is the DATABASES alias. On PostgreSQL and MariaDB/MySQL leases are
-    judged on the database's clock; on SQLite on this process's clock.
+    judged on the database's clock; on SQLite on this process's clock. On
+    PostgreSQL the statements are prepared; pass ``prepared=False`` behind a
+    pooler that cannot keep prepared statements (PgBouncer before 1.21 in
+    transaction mode).
     """
 
     shared_between_processes = True
 
-    def __init__(self, using: str = "default", *, max_idle: int = 8, **options: Any) -> None:
+    def __init__(
+        self,
+        using: str = "default",
+        *,
+        max_idle: int = 8,
+        prepared: bool = True,
+        **options: Any,
+    ) -> None:
         if using not in connections:
             from django.core.exceptions import ImproperlyConfigured
 
@@ -98,7 +118,7 @@ class DatabaseLeaseService(LeaseService):
                 f"PIKKU['LEASE_DATABASE'] is {using!r}, which is not in DATABASES"
             )
         self.using = using
-        self._pool = _ConnectionPool(using, max_idle)
+        self._pool = _ConnectionPool(using, max_idle, prepared=prepared)
         self._dialect: LeaseSQL | None = None
         self._mysql_returning = options.pop("mysql_returning", True)
         if options:
@@ -117,9 +137,24 @@ class DatabaseLeaseService(LeaseService):
     def judged_on_store_clock(self) -> bool:  # type: ignore[override]
         return self.dialect.judged_on_store_clock
 
+    def _check_not_inside_sqlite_write_lock(self) -> None:
+        caller = connections[self.using]
+        if caller.vendor != "sqlite" or not caller.in_atomic_block:
+            return
+        mode = str((caller.settings_dict.get("OPTIONS") or {}).get("transaction_mode", ""))
+        if mode.upper() in ("IMMEDIATE", "EXCLUSIVE"):
+            raise TransactionManagementError(
+                f"A lease on SQLite cannot be taken inside a transaction.atomic() block on "
+                f"{self.using!r}: SQLite has one writer and the block holds it, so the lease "
+                f"would wait for the block to end. Take the lease before the block, or keep "
+                f"leases in another database or in Redis (PIKKU['LEASE_DATABASE'] / "
+                f"PIKKU['LEASE_BACKEND'])."
+            )
+
     @contextmanager
     def _cursor(self) -> Iterator[Any]:
         dialect = self.dialect
+        self._check_not_inside_sqlite_write_lock()
         with self._pool.connection() as conn:
             cursor = conn.connection.cursor()
             try:

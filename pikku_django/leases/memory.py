@@ -65,7 +65,12 @@ class InMemoryLeaseService(LeaseService):
         check_lease(lease)
         with self._lock:
             current = self._leases.get(lease.key)
-            if current is None or current.holder != lease.holder or current.token != lease.token:
+            if (
+                current is None
+                or current.holder != lease.holder
+                or current.token != lease.token
+                or current.expires_at <= now_ms()
+            ):
                 return False
             del self._leases[lease.key]
             return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from redis.exceptions import NoScriptError
 
 from pikku_django.leases.base import (
     Lease,
@@ -135,10 +136,24 @@ class RedisLeaseService(LeaseService):
             raise ValueError("PIKKU['LEASE_KEY_PREFIX'] must be a str")
         self.client = client
         self.prefix = prefix
-        self._acquire = client.register_script(ACQUIRE)
-        self._refresh = client.register_script(REFRESH)
-        self._release = client.register_script(RELEASE)
-        self._get = client.register_script(GET)
+        self._scripts = {
+            name: client.register_script(text)
+            for name, text in (
+                ("acquire", ACQUIRE),
+                ("refresh", REFRESH),
+                ("release", RELEASE),
+                ("get", GET),
+            )
+        }
+
+    def _run(self, name: str, keys: list[str], *args: Any) -> Any:
+        """EVALSHA the script straight through the client, loading it once if Redis lost it."""
+        script = self._scripts[name]
+        try:
+            return self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            script.sha = self.client.script_load(script.script)
+            return self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}{{{key}}}"
@@ -148,26 +163,24 @@ class RedisLeaseService(LeaseService):
         check_holder(holder)
         check_ttl(ttl_ms)
         name = self._key(key)
-        row = self._acquire(keys=[name, name + ":token"], args=[holder, ttl_ms])
+        row = self._run("acquire", [name, name + ":token"], holder, ttl_ms)
         return None if row is None else Lease(key, holder, int(row[0]), int(row[1]))
 
     def refresh(self, lease: Lease, ttl_ms: int) -> Lease | None:
         check_lease(lease)
         check_ttl(ttl_ms)
-        expires_at = self._refresh(
-            keys=[self._key(lease.key)], args=[lease.holder, lease.token, ttl_ms]
-        )
+        expires_at = self._run("refresh", [self._key(lease.key)], lease.holder, lease.token, ttl_ms)
         if expires_at is None:
             return None
         return Lease(lease.key, lease.holder, lease.token, int(expires_at))
 
     def release(self, lease: Lease) -> bool:
         check_lease(lease)
-        return bool(self._release(keys=[self._key(lease.key)], args=[lease.holder, lease.token]))
+        return bool(self._run("release", [self._key(lease.key)], lease.holder, lease.token))
 
     def get(self, key: str) -> Lease | None:
         check_key(key)
-        row = self._get(keys=[self._key(key)])
+        row = self._run("get", [self._key(key)])
         if row is None:
             return None
         holder = row[0].decode() if isinstance(row[0], bytes) else row[0]

@@ -23,7 +23,9 @@ def build_lease_service() -> LeaseService:
     if backend == "database":
         from pikku_django.leases.database import DatabaseLeaseService
 
-        return DatabaseLeaseService(pikku_settings.LEASE_DATABASE)
+        return DatabaseLeaseService(
+            pikku_settings.LEASE_DATABASE, prepared=bool(pikku_settings.LEASE_PREPARED_STATEMENTS)
+        )
     if backend == "redis":
         from pikku_django.leases.redis import RedisLeaseService
 

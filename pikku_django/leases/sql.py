@@ -60,7 +60,10 @@ class PostgreSQLLeaseSQL(LeaseSQL):
         WHERE l.key = %s AND l.holder = %s AND l.token = %s AND l.expires_at > now.ms
         RETURNING l.expires_at
     """
-    RELEASE = "UPDATE pikku_lease SET expires_at = 0 WHERE key = %s AND holder = %s AND token = %s"
+    RELEASE = f"""
+        UPDATE pikku_lease SET expires_at = 0
+        WHERE key = %s AND holder = %s AND token = %s AND expires_at > {NOW}
+    """
     GET = f"SELECT holder, token, expires_at FROM pikku_lease WHERE key = %s AND expires_at > {NOW}"
 
     def acquire(self, cursor: Any, key: str, holder: str, ttl_ms: int) -> Row | None:
@@ -106,9 +109,10 @@ class MySQLLeaseSQL(LeaseSQL):
         UPDATE pikku_lease SET expires_at = LAST_INSERT_ID({NOW} + %s)
         WHERE `key` = %s AND holder = %s AND token = %s AND expires_at > {NOW}
     """
-    RELEASE = (
-        "UPDATE pikku_lease SET expires_at = 0 WHERE `key` = %s AND holder = %s AND token = %s"
-    )
+    RELEASE = f"""
+        UPDATE pikku_lease SET expires_at = 0
+        WHERE `key` = %s AND holder = %s AND token = %s AND expires_at > {NOW}
+    """
     GET = (
         f"SELECT holder, token, expires_at FROM pikku_lease WHERE `key` = %s AND expires_at > {NOW}"
     )
@@ -168,7 +172,10 @@ class SQLiteLeaseSQL(LeaseSQL):
         WHERE key = ? AND holder = ? AND token = ? AND expires_at > ?
         RETURNING expires_at
     """
-    RELEASE = "UPDATE pikku_lease SET expires_at = 0 WHERE key = ? AND holder = ? AND token = ?"
+    RELEASE = """
+        UPDATE pikku_lease SET expires_at = 0
+        WHERE key = ? AND holder = ? AND token = ? AND expires_at > ?
+    """
     GET = "SELECT holder, token, expires_at FROM pikku_lease WHERE key = ? AND expires_at > ?"
 
     def acquire(self, cursor: Any, key: str, holder: str, ttl_ms: int) -> Row | None:
@@ -184,7 +191,7 @@ class SQLiteLeaseSQL(LeaseSQL):
         return rows[0][0] if rows else None
 
     def release(self, cursor: Any, key: str, holder: str, token: int) -> bool:
-        cursor.execute(self.RELEASE, (key, holder, token))
+        cursor.execute(self.RELEASE, (key, holder, token, now_ms()))
         return cursor.rowcount > 0
 
     def get(self, cursor: Any, key: str) -> tuple[str, int, int] | None:

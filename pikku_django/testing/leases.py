@@ -180,6 +180,19 @@ class LeaseServiceContract:
         assert lease_service.refresh(a, HOUR) is None
         assert lease_service.get("stage") is None
 
+    def test_release_is_refused_once_released_or_lapsed(self, lease_service: LeaseService) -> None:
+        a = lease_service.acquire("stage", "a", HOUR)
+        assert a is not None
+        assert lease_service.release(a) is True
+        assert lease_service.release(a) is False, "a released lease was released again"
+        b = lease_service.acquire("other", "b", SHORT)
+        assert b is not None
+        wait_ms(2 * SHORT)
+        assert lease_service.release(b) is False, "a lapsed lease was released"
+        c = lease_service.acquire("other", "c", HOUR)
+        assert c is not None
+        assert c.token == b.token + 1
+
     def test_get_of_unknown_key_is_none(self, lease_service: LeaseService) -> None:
         assert lease_service.get("never-taken") is None
 
