@@ -41,3 +41,31 @@ def three_records(ctx: WorkflowContext, input: dict[str, Any]) -> list[Any]:
 @workflow(name="testapp.slow_one")
 def slow_one(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
     return ctx.do("slow", "testapp.slow", input)
+
+
+@step(name="testapp.block_first", retries=3)
+def block_first(data: dict[str, Any]) -> dict[str, Any]:
+    """The first attempt marks that it started and blocks; later ones return at once."""
+    marker = Path(data["started"])
+    if not marker.exists():
+        marker.write_text(str(os.getpid()))
+        time.sleep(data.get("block", 120))
+    return {"pid": os.getpid()}
+
+
+@step(name="testapp.tx_block_first", retries=3, transactional=True)
+def tx_block_first(data: dict[str, Any]) -> dict[str, Any]:
+    """Writes a row inside the step's transaction, then (first attempt only) blocks."""
+    from tests.testapp.models import Effect
+
+    Effect.objects.using(data["db"]).create(run_id=data["run"], step="tx", attempt_pid=os.getpid())
+    marker = Path(data["started"])
+    if not marker.exists():
+        marker.write_text(str(os.getpid()))
+        time.sleep(120)
+    return {"pid": os.getpid()}
+
+
+@workflow(name="testapp.blocked")
+def blocked(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
+    return ctx.do("work", input.get("step", "testapp.block_first"), input)

@@ -1,0 +1,133 @@
+"""Real worker processes killed or paused mid-step, on PostgreSQL.
+
+A worker that is SIGKILLed has its step reclaimed as the next attempt once the
+step lease lapses; a worker that was paused past its lease cannot overwrite the
+attempt that replaced it; a transactional step killed mid-transaction leaves no
+partial writes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from pikku_django.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows import WorkflowEngine
+from tests.conftest import database_alias, on_databases
+from tests.test_worker import finish, wait_for, worker_process
+from tests.testapp.models import Effect
+
+LEASE_MS = 3_000
+POLL = 0.2
+
+
+def run_state(alias: str, run_id: object) -> WorkflowRun:
+    return WorkflowRun.objects.using(alias).get(id=run_id)
+
+
+def workers(alias: str, n: int) -> list[subprocess.Popen[str]]:
+    env = {"PIKKU_TEST_STEP_LEASE_MS": str(LEASE_MS), "PIKKU_TEST_POLL": str(POLL)}
+    return [worker_process(alias, "--concurrency", "1", **env) for _ in range(n)]
+
+
+def stop(*procs: subprocess.Popen[str]) -> list[str]:
+    """SIGTERM each worker that is still alive; what each printed."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGTERM)
+    return [finish(proc, 60)[1] for proc in procs]
+
+
+@on_databases("postgres")
+def test_sigkilled_worker_step_completes_as_attempt_two(vendor: str, tmp_path: Path) -> None:
+    alias = database_alias(vendor)
+    started = tmp_path / "started"
+    run = WorkflowEngine(alias).start("testapp.blocked", {"started": str(started)})
+    first, second = workers(alias, 1)[0], None
+    try:
+        wait_for(started.exists, 60, "the first attempt to start")
+        killed_pid = int(started.read_text())
+        assert killed_pid == first.pid
+        (second,) = workers(alias, 1)
+        time.sleep(2)  # the second worker is up and idle before the kill
+        os.kill(first.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for(
+            lambda: run_state(alias, run.id).status == RunStatus.COMPLETED,
+            LEASE_MS / 1000 + 30,
+            "the run to complete after the kill",
+        )
+        elapsed = time.monotonic() - killed_at
+    finally:
+        stop(*(p for p in (first, second) if p is not None))
+    step = WorkflowStep.objects.using(alias).get(run_id=run.id, name="work")
+    assert step.status == StepStatus.SUCCEEDED
+    assert step.attempt == 2
+    assert step.result["pid"] == second.pid
+    assert run_state(alias, run.id).output == step.result
+    # The step lease, one poll, and a pass or two to record and finish.
+    assert elapsed <= LEASE_MS / 1000 + POLL + 2.5, elapsed
+
+
+@on_databases("postgres")
+def test_paused_worker_cannot_overwrite_its_successor(vendor: str, tmp_path: Path) -> None:
+    alias = database_alias(vendor)
+    started = tmp_path / "started"
+    run = WorkflowEngine(alias).start(
+        "testapp.blocked", {"started": str(started), "block": 2 * LEASE_MS / 1000}
+    )
+    (first,) = workers(alias, 1)
+    second = None
+    try:
+        wait_for(started.exists, 60, "the first attempt to start")
+        os.kill(first.pid, signal.SIGSTOP)
+        (second,) = workers(alias, 1)
+        wait_for(
+            lambda: run_state(alias, run.id).status == RunStatus.COMPLETED,
+            LEASE_MS / 1000 + 30,
+            "the second worker to finish the step",
+        )
+        os.kill(first.pid, signal.SIGCONT)
+        # The first attempt's function now returns, and its write must be refused.
+        time.sleep(2 * LEASE_MS / 1000 + 1)
+    finally:
+        outputs = stop(*(p for p in (first, second) if p is not None))
+    assert "superseded" in outputs[0], outputs[0]
+    step = WorkflowStep.objects.using(alias).get(run_id=run.id, name="work")
+    assert step.attempt == 2
+    assert step.result["pid"] == second.pid
+    assert run_state(alias, run.id).output["pid"] == second.pid
+    history = list(step.attempts.using(alias).order_by("attempt").values_list("status", flat=True))
+    assert history == [StepStatus.RUNNING, StepStatus.SUCCEEDED]
+
+
+@on_databases("postgres")
+def test_transactional_step_killed_mid_transaction_leaves_no_writes(
+    vendor: str, tmp_path: Path
+) -> None:
+    alias = database_alias(vendor)
+    started = tmp_path / "started"
+    run = WorkflowEngine(alias).start(
+        "testapp.blocked",
+        {"started": str(started), "step": "testapp.tx_block_first", "db": alias, "run": "tx"},
+    )
+    (first,) = workers(alias, 1)
+    second = None
+    try:
+        wait_for(started.exists, 60, "the first attempt to write and block")
+        os.kill(first.pid, signal.SIGKILL)
+        (second,) = workers(alias, 1)
+        wait_for(
+            lambda: run_state(alias, run.id).status == RunStatus.COMPLETED,
+            LEASE_MS / 1000 + 30,
+            "the run to complete after the kill",
+        )
+    finally:
+        stop(*(p for p in (first, second) if p is not None))
+    effects = list(Effect.objects.using(alias).filter(run_id="tx"))
+    assert len(effects) == 1, "the killed attempt's write survived, or none landed"
+    assert effects[0].attempt_pid == second.pid
