@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from pikku_django.workflows.engine import StepOptions, WorkflowEngine
 
 
-class Pause(BaseException):  # noqa: N818  (control flow, not an error)
+class Pause(BaseException):
     """Ends an orchestration pass at a step that is not settled.
 
     A BaseException, so a workflow's own ``except Exception`` cannot swallow it.
@@ -128,9 +128,7 @@ class WorkflowContext:
                 self._compensate(step_name, on_error, failed)
             raise
 
-    def _queued(
-        self, name: str, step: WorkflowStep | None, options: StepOptions, data: Any
-    ) -> Any:
+    def _queued(self, name: str, step: WorkflowStep | None, options: StepOptions, data: Any) -> Any:
         if step is None:
             step = self.engine.schedule_step(self.run, name, options, data)
             self._remember(step)
@@ -165,7 +163,12 @@ class WorkflowContext:
             self._child(step_name, child.name, data, None)
             return
         options = self.engine.step_options(
-            on_error, retries=None, retry_delay=None, backoff=None, queued=None, queue=None,
+            on_error,
+            retries=None,
+            retry_delay=None,
+            backoff=None,
+            queued=None,
+            queue=None,
             transactional=None,
         )
         step = self._existing(step_name, options.kind, options.function)

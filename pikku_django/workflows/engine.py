@@ -7,6 +7,7 @@ that lost its claim can never overwrite the attempt that replaced it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -169,7 +170,7 @@ class WorkflowEngine:
     def start(
         self,
         workflow: str | Callable[..., Any],
-        input: Any = None,  # noqa: A002
+        input: Any = None,
         *,
         idempotency_key: str | None = None,
         inline: bool = False,
@@ -187,9 +188,11 @@ class WorkflowEngine:
         ):
             raise ValueError("idempotency_key must be a str of 1 to 255 characters")
         if idempotency_key is not None:
-            existing = self.runs().filter(
-                workflow=definition.name, idempotency_key=idempotency_key
-            ).first()
+            existing = (
+                self.runs()
+                .filter(workflow=definition.name, idempotency_key=idempotency_key)
+                .first()
+            )
             if existing is not None:
                 return existing
         try:
@@ -224,12 +227,16 @@ class WorkflowEngine:
         payload = to_json(data, "The resume data")
         run = self.get_run(run_id)
         with self.atomic():
-            changed = self.runs().filter(id=run.id, status=RunStatus.SUSPENDED).update(
-                status=RunStatus.RUNNING,
-                suspend_reason="",
-                wake_at=None if run.inline else self.clock.now(),
-                wakes=F("wakes") + 1,
-                updated_at=timezone.now(),
+            changed = (
+                self.runs()
+                .filter(id=run.id, status=RunStatus.SUSPENDED)
+                .update(
+                    status=RunStatus.RUNNING,
+                    suspend_reason="",
+                    wake_at=None if run.inline else self.clock.now(),
+                    wakes=F("wakes") + 1,
+                    updated_at=timezone.now(),
+                )
             )
             if not changed:
                 run.refresh_from_db()
@@ -243,22 +250,30 @@ class WorkflowEngine:
                 else:
                     # A function that was missing: hand the step to a worker again.
                     self.steps().filter(id=step.id, status=StepStatus.SUSPENDED).update(
-                        status=StepStatus.SCHEDULED, available_at=now, error=None,
+                        status=StepStatus.SCHEDULED,
+                        available_at=now,
+                        error=None,
                         updated_at=timezone.now(),
                     )
             self.notify()
         logger.info("Resumed workflow run %s", run.id)
         if run.inline:
-            return self.drive_inline(run.id)
+            # A resumed inline child is driven through its root run, so the
+            # parents waiting on it (which no worker picks up) carry on too.
+            root = self._inline_root(run.id)
+            driven = self.drive_inline(root)
+            return driven if root == run.id else self.get_run(run.id)
         return self.get_run(run.id)
 
     def cancel(self, run_id: uuid.UUID | str) -> WorkflowRun:
         """Cancel a run that has not finished, and the child runs it is waiting for."""
         run = self.get_run(run_id)
         with self.atomic():
-            changed = self.runs().filter(
-                id=run.id, status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED)
-            ).update(status=RunStatus.CANCELLED, wake_at=None, updated_at=timezone.now())
+            changed = (
+                self.runs()
+                .filter(id=run.id, status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED))
+                .update(status=RunStatus.CANCELLED, wake_at=None, updated_at=timezone.now())
+            )
             if not changed:
                 run.refresh_from_db()
                 if run.status == RunStatus.CANCELLED:
@@ -271,12 +286,31 @@ class WorkflowEngine:
             )
             self._settle_parents(run.id, RunStatus.CANCELLED, None, None)
         for child in children:
-            try:
+            with contextlib.suppress(WorkflowRunStateError):
                 self.cancel(child)
-            except WorkflowRunStateError:
-                pass
         logger.info("Cancelled workflow run %s", run.id)
+        if run.inline:
+            # An inline parent waiting on this run has just had its step failed;
+            # no worker picks inline runs up, so carry the root on here.
+            root = self._inline_root(run.id)
+            if root != run.id:
+                self.drive_inline(root)
         return self.get_run(run.id)
+
+    def _inline_root(self, run_id: uuid.UUID) -> uuid.UUID:
+        """The top run of the tree of parent runs that ``run_id`` is a child of."""
+        seen = {run_id}
+        while True:
+            parent = (
+                self.steps()
+                .filter(child_run_id=run_id, kind=StepKind.CHILD)
+                .values_list("run_id", flat=True)
+                .first()
+            )
+            if parent is None or parent in seen:
+                return run_id
+            seen.add(parent)
+            run_id = parent
 
     # -- orchestration ----------------------------------------------------------
 
@@ -299,8 +333,11 @@ class WorkflowEngine:
             current = self.runs().filter(id=run.id).only("status").first()
             if current is None or current.status != RunStatus.RUNNING:
                 return  # the pass wrote its outcome; it stands
-            logger.info("Run %s is orchestrated elsewhere (%s); waking it again shortly", run.id,
-                        type(exc).__name__)
+            logger.info(
+                "Run %s is orchestrated elsewhere (%s); waking it again shortly",
+                run.id,
+                type(exc).__name__,
+            )
             self._retry_pass_soon(run.id)
 
     def _retry_pass_soon(self, run_id: uuid.UUID) -> None:
@@ -356,22 +393,25 @@ class WorkflowEngine:
         self, run: WorkflowRun, status: str, *, output: Any = None, error: Any = None
     ) -> None:
         with self.atomic():
-            changed = self.runs().filter(id=run.id, status=RunStatus.RUNNING).update(
-                status=status, output=output, error=error, wake_at=None,
-                updated_at=timezone.now(),
+            changed = (
+                self.runs()
+                .filter(id=run.id, status=RunStatus.RUNNING)
+                .update(
+                    status=status,
+                    output=output,
+                    error=error,
+                    wake_at=None,
+                    updated_at=timezone.now(),
+                )
             )
             if changed:
                 self._settle_parents(run.id, status, output, error)
         if changed:
             logger.info("Workflow run %s %s", run.id, status)
 
-    def _settle_parents(
-        self, child_id: uuid.UUID, status: str, output: Any, error: Any
-    ) -> None:
+    def _settle_parents(self, child_id: uuid.UUID, status: str, output: Any, error: Any) -> None:
         """A child run ended: settle the parent steps waiting on it and wake their runs."""
-        parents = list(
-            self.steps().filter(child_run_id=child_id, status=StepStatus.RUNNING)
-        )
+        parents = list(self.steps().filter(child_run_id=child_id, status=StepStatus.RUNNING))
         for step in parents:
             if status == RunStatus.COMPLETED:
                 self._finish_marker(step, StepStatus.SUCCEEDED, result=output)
@@ -385,9 +425,15 @@ class WorkflowEngine:
             self.wake_run(step.run_id)
 
     def _suspend_run(self, run: WorkflowRun, reason: str) -> None:
-        changed = self.runs().filter(id=run.id, status=RunStatus.RUNNING).update(
-            status=RunStatus.SUSPENDED, suspend_reason=reason, wake_at=None,
-            updated_at=timezone.now(),
+        changed = (
+            self.runs()
+            .filter(id=run.id, status=RunStatus.RUNNING)
+            .update(
+                status=RunStatus.SUSPENDED,
+                suspend_reason=reason,
+                wake_at=None,
+                updated_at=timezone.now(),
+            )
         )
         if changed:
             logger.info("Workflow run %s suspended: %s", run.id, reason)
@@ -402,8 +448,10 @@ class WorkflowEngine:
 
     def wake_run(self, run_id: uuid.UUID, at: datetime | None = None) -> None:
         """Mark a run as needing a pass (now, or at ``at``)."""
-        changed = self.runs().filter(id=run_id, status=RunStatus.RUNNING).update(
-            wake_at=at or self.clock.now(), wakes=F("wakes") + 1, updated_at=timezone.now()
+        changed = (
+            self.runs()
+            .filter(id=run_id, status=RunStatus.RUNNING)
+            .update(wake_at=at or self.clock.now(), wakes=F("wakes") + 1, updated_at=timezone.now())
         )
         if changed:
             self.notify()
@@ -443,8 +491,10 @@ class WorkflowEngine:
                 f"A step is a registered function, its name, or a callable; got {fn!r}"
             )
         if retries is None:
-            retries = definition.retries if definition and definition.retries is not None else (
-                pikku_settings.STEP_RETRIES
+            retries = (
+                definition.retries
+                if definition and definition.retries is not None
+                else (pikku_settings.STEP_RETRIES)
             )
         registry.check_retries(retries)
         if retry_delay is None:
@@ -504,9 +554,7 @@ class WorkflowEngine:
             self.notify()
         return step
 
-    def start_child(
-        self, run: WorkflowRun, name: str, workflow: str, data: Any
-    ) -> WorkflowStep:
+    def start_child(self, run: WorkflowRun, name: str, workflow: str, data: Any) -> WorkflowStep:
         payload = to_json(data, f"The input of child workflow step {name!r}")
         with self.atomic():
             step = self._create_step(
@@ -684,9 +732,7 @@ class WorkflowEngine:
             )
         return self._decide_claim(step, lease_ms, default_worker_id())
 
-    def _decide_claim(
-        self, step: WorkflowStep, lease_ms: int, worker: str
-    ) -> ClaimedStep | None:
+    def _decide_claim(self, step: WorkflowStep, lease_ms: int, worker: str) -> ClaimedStep | None:
         status, attempt = step.status, step.attempt
         exhausted = attempt >= step.attempts_allowed
         if status in (StepStatus.SUCCEEDED, StepStatus.SUSPENDED):
@@ -700,6 +746,9 @@ class WorkflowEngine:
                 self._fail_lease_expired(step, lapsed)
                 return None
             return self._new_attempt(step, guard=lapsed, lease_ms=lease_ms, worker=worker)
+        due = step.available_at
+        if due is not None and due > self.clock.now():
+            return None  # a retry (or a re-drive) waits for its delay, on every route
         if status == StepStatus.FAILED:
             if exhausted:
                 return None
@@ -719,14 +768,18 @@ class WorkflowEngine:
         # (or otherwise settled) run's steps never run again.
         live_runs = self.runs().filter(status=RunStatus.RUNNING).values("id")
         with self.atomic():
-            won = self.steps().filter(guard, id=step.id, run_id__in=live_runs).update(
-                status=StepStatus.RUNNING,
-                attempt=attempt,
-                result=None,
-                error=None,
-                available_at=None,
-                lease_expires_at=EpochMs() + lease_ms,
-                updated_at=timezone.now(),
+            won = (
+                self.steps()
+                .filter(guard, id=step.id, run_id__in=live_runs)
+                .update(
+                    status=StepStatus.RUNNING,
+                    attempt=attempt,
+                    result=None,
+                    error=None,
+                    available_at=None,
+                    lease_expires_at=EpochMs() + lease_ms,
+                    updated_at=timezone.now(),
+                )
             )
             if not won:
                 return None
@@ -749,12 +802,16 @@ class WorkflowEngine:
         exc = WorkflowStepLeaseExpiredError(step.name, step.attempts_allowed)
         error = serialize_error(exc)
         with self.atomic():
-            won = self.steps().filter(guard, id=step.id).update(
-                status=StepStatus.FAILED,
-                error=error,
-                lease_expires_at=None,
-                available_at=None,
-                updated_at=timezone.now(),
+            won = (
+                self.steps()
+                .filter(guard, id=step.id)
+                .update(
+                    status=StepStatus.FAILED,
+                    error=error,
+                    lease_expires_at=None,
+                    available_at=None,
+                    updated_at=timezone.now(),
+                )
             )
             if won:
                 self.attempts().filter(step_id=step.id, attempt=step.attempt).update(
@@ -776,13 +833,17 @@ class WorkflowEngine:
             self.set_step_error(step_id, exc, attempt, wake=wake, final=True)
             return
         with self.atomic():
-            won = self.steps().filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING).update(
-                status=StepStatus.SUCCEEDED,
-                result=payload,
-                error=None,
-                lease_expires_at=None,
-                available_at=None,
-                updated_at=timezone.now(),
+            won = (
+                self.steps()
+                .filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
+                .update(
+                    status=StepStatus.SUCCEEDED,
+                    result=payload,
+                    error=None,
+                    lease_expires_at=None,
+                    available_at=None,
+                    updated_at=timezone.now(),
+                )
             )
             if not won:
                 raise WorkflowStepSupersededError(step_id, attempt)
@@ -806,23 +867,30 @@ class WorkflowEngine:
         Raises WorkflowStepSupersededError if the attempt was replaced.
         """
         data = serialize_error(error) if isinstance(error, BaseException) else dict(error)
-        step = self.steps().filter(id=step_id).only(
-            "retries", "retry_delay", "backoff", "run_id"
-        ).first()
+        step = (
+            self.steps()
+            .filter(id=step_id)
+            .only("retries", "retry_delay", "backoff", "run_id")
+            .first()
+        )
         if step is None:
             raise WorkflowStepSupersededError(step_id, attempt)
         exhausted = final or attempt >= step.attempts_allowed
         retry_at = None if exhausted else self.clock.now() + retry_delay_for(step, attempt)
         with self.atomic():
-            won = self.steps().filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING).update(
-                status=StepStatus.FAILED,
-                error=data,
-                result=None,
-                lease_expires_at=None,
-                available_at=retry_at,
-                # A final failure spends the remaining attempts, so nothing retries it.
-                retries=attempt - 1 if final else F("retries"),
-                updated_at=timezone.now(),
+            won = (
+                self.steps()
+                .filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
+                .update(
+                    status=StepStatus.FAILED,
+                    error=data,
+                    result=None,
+                    lease_expires_at=None,
+                    available_at=retry_at,
+                    # A final failure spends the remaining attempts, so nothing retries it.
+                    retries=attempt - 1 if final else F("retries"),
+                    updated_at=timezone.now(),
+                )
             )
             if not won:
                 raise WorkflowStepSupersededError(step_id, attempt)
@@ -889,31 +957,31 @@ class WorkflowEngine:
             except WorkflowStepSupersededError as superseded:
                 logger.warning("%s: its error was not recorded", superseded)
             else:
-                logger.info(
-                    "Step %s attempt %d failed: %s", claimed.name, claimed.attempt, exc
-                )
+                logger.info("Step %s attempt %d failed: %s", claimed.name, claimed.attempt, exc)
 
     def _function_missing(self, claimed: ClaimedStep) -> None:
         """The current attempt's function is missing: suspend the run (RPC_NOT_FOUND)."""
         error = serialize_error(StepFunctionNotFoundError(claimed.function))
         with self.atomic():
-            won = self.steps().filter(
-                id=claimed.step_id, attempt=claimed.attempt, status=StepStatus.RUNNING
-            ).update(
-                status=StepStatus.SUSPENDED,
-                error=error,
-                lease_expires_at=None,
-                attempt=claimed.attempt - 1,
-                updated_at=timezone.now(),
+            won = (
+                self.steps()
+                .filter(id=claimed.step_id, attempt=claimed.attempt, status=StepStatus.RUNNING)
+                .update(
+                    status=StepStatus.SUSPENDED,
+                    error=error,
+                    lease_expires_at=None,
+                    attempt=claimed.attempt - 1,
+                    updated_at=timezone.now(),
+                )
             )
             if won:
-                self.attempts().filter(
-                    step_id=claimed.step_id, attempt=claimed.attempt
-                ).delete()
+                self.attempts().filter(step_id=claimed.step_id, attempt=claimed.attempt).delete()
         if not won:
             logger.warning(
                 "Superseded attempt %d of step %s found no function %r; left to its new owner",
-                claimed.attempt, claimed.name, claimed.function,
+                claimed.attempt,
+                claimed.name,
+                claimed.function,
             )
             return
         run = self.runs().get(id=claimed.run_id)
@@ -956,9 +1024,7 @@ class WorkflowEngine:
         qs = self.steps().filter(
             ready,
             kind=StepKind.QUEUED,
-            run_id__in=self.runs()
-            .filter(status=RunStatus.RUNNING, inline=False)
-            .values("id"),
+            run_id__in=self.runs().filter(status=RunStatus.RUNNING, inline=False).values("id"),
         )
         if queues:
             qs = qs.filter(queue__in=list(queues))
@@ -1046,13 +1112,15 @@ class WorkflowEngine:
             for child_id in children:
                 self.orchestrate(child_id)
             did = self._tree_state(tree) != before
-        ready = (
-            Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING), available_at__lte=now)
-            | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1, available_at__lte=now)
+        ready = Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING), available_at__lte=now) | Q(
+            status=StepStatus.FAILED, attempt__lt=F("retries") + 1, available_at__lte=now
         )
-        for step in self.steps().annotate(store_now=EpochMs()).filter(
-            ready, kind=StepKind.QUEUED, run_id__in=tree
-        ).order_by("id"):
+        for step in (
+            self.steps()
+            .annotate(store_now=EpochMs())
+            .filter(ready, kind=StepKind.QUEUED, run_id__in=tree)
+            .order_by("id")
+        ):
             claimed = self._decide_claim(
                 step, self.lease_ms_for_queue(step.queue), default_worker_id()
             )
@@ -1063,9 +1131,7 @@ class WorkflowEngine:
 
     def _tree_state(self, tree: list[uuid.UUID]) -> tuple[set[Any], set[Any]]:
         runs = set(self.runs().filter(id__in=tree).values_list("id", "status"))
-        steps = set(
-            self.steps().filter(run_id__in=tree).values_list("id", "status", "attempt")
-        )
+        steps = set(self.steps().filter(run_id__in=tree).values_list("id", "status", "attempt"))
         return runs, steps
 
     def _next_due_in_tree(self, root: uuid.UUID) -> datetime | None:

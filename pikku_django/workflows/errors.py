@@ -65,8 +65,9 @@ class StepFailedError(WorkflowError):
 
     def __init__(self, step: str, error: dict[str, Any] | None) -> None:
         error = error or {}
-        super().__init__(f"Step {step!r} failed: {error.get('type', 'Error')}: "
-                         f"{error.get('message', '')}")
+        super().__init__(
+            f"Step {step!r} failed: {error.get('type', 'Error')}: {error.get('message', '')}"
+        )
         self.step = step
         self.error = error
 
@@ -88,9 +89,7 @@ class WorkflowStepLeaseExpiredError(WorkflowError):
     code = "STEP_LEASE_EXPIRED"
 
     def __init__(self, step: str, attempts: int) -> None:
-        super().__init__(
-            f"Step {step!r} lost its worker on every one of its {attempts} attempts"
-        )
+        super().__init__(f"Step {step!r} lost its worker on every one of its {attempts} attempts")
         self.step = step
         self.attempts = attempts
 
@@ -99,7 +98,9 @@ def serialize_error(exc: BaseException) -> dict[str, Any]:
     """An exception as stored: type, message, traceback, and a code when it has one."""
     cls = type(exc)
     data: dict[str, Any] = {
-        "type": cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}",
+        "type": cls.__name__
+        if cls.__module__ == "builtins"
+        else f"{cls.__module__}.{cls.__qualname__}",
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(exc)),
     }
