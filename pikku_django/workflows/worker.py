@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import close_old_connections, connections
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, Max, Min, OuterRef, Q
 
 from pikku_django.conf import pikku_settings
 from pikku_django.dbclock import EpochMs
@@ -305,8 +305,13 @@ class Worker:
                 if self.until_idle and self._all_idle(index):
                     self.stop()
                     return
+                wait = self.poll_interval
+                try:
+                    wait = min(wait, self._seconds_until_next_due())
+                except Exception:
+                    logger.debug("Could not look up the next due time", exc_info=True)
                 with self._work:
-                    self._work.wait(self.poll_interval)
+                    self._work.wait(max(wait, 0.005))
         finally:
             connections.close_all()
 
@@ -333,6 +338,41 @@ class Worker:
             self.steps += 1
             done += 1
         return done
+
+    def _seconds_until_next_due(self) -> float:
+        """Seconds until the earliest step lease lapses, retry or sleep falls due, or run
+        wakes: an idle thread looks again then rather than a whole poll later.
+
+        Nothing announces a lapsing lease or a timer, so without this a dead worker's
+        step would wait for the next poll on top of its lease.
+        """
+        engine = self.engine
+        steps = engine.steps().filter(kind=StepKind.QUEUED)
+        if self.queues:
+            steps = steps.filter(queue__in=self.queues)
+        lapse = steps.filter(status=StepStatus.RUNNING, lease_expires_at__gt=EpochMs()).aggregate(
+            at=Min("lease_expires_at"), now=Max(EpochMs())
+        )
+        due = steps.filter(
+            status__in=(StepStatus.SCHEDULED, StepStatus.FAILED),
+            available_at__gt=engine.clock.now(),
+        ).aggregate(at=Min("available_at"))["at"]
+        wake = (
+            engine.runs()
+            .filter(status=RunStatus.RUNNING, inline=False, wake_at__gt=engine.clock.now())
+            .aggregate(at=Min("wake_at"))["at"]
+        )
+        now = engine.clock.now()
+        # Only what falls due later counts: anything already due that this thread
+        # could not claim (taken by another worker, or its run was cancelled) must
+        # not make it spin.
+        waits = [self.poll_interval]
+        if lapse["at"] is not None and lapse["now"] is not None:
+            waits.append((lapse["at"] - lapse["now"]) / 1000)
+        for at in (due, wake):
+            if at is not None:
+                waits.append((at - now).total_seconds())
+        return min(w for w in waits if w > 0) + 0.005
 
     def _all_idle(self, index: int) -> bool:
         with self._lock:
