@@ -11,7 +11,14 @@ class PikkuConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from pikku_django import checks, conf  # noqa: F401  (registers checks and signals)
-        from pikku_django.workflows.registry import autodiscover
+        from django.db.models.signals import post_migrate
 
-        autodiscover()
+        from pikku_django import checks, conf  # noqa: F401  (registers checks and signals)
+        from pikku_django.webhooks import dispatch  # noqa: F401  (registers its workflow)
+        from pikku_django.webhooks.lifecycle import sync_after_migrate
+        from pikku_django.webhooks.sources import autodiscover as discover_sources
+        from pikku_django.workflows.registry import autodiscover as discover_workflows
+
+        discover_workflows()
+        discover_sources()
+        post_migrate.connect(sync_after_migrate, sender=self)

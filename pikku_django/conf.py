@@ -54,6 +54,14 @@ DEFAULTS: dict[str, Any] = {
     # (Steps whose worker died are reclaimed as soon as their lease lapses.)
     "RECOVERY_INTERVAL": 30.0,
     "STALLED_RUN_AFTER": 300.0,
+    # Fernet keys that encrypt stored credentials (webhook secrets): the first
+    # encrypts, all decrypt. Empty: one key derived from SECRET_KEY.
+    "CREDENTIAL_KEYS": [],
+    # Credential values given in settings instead of the database:
+    # {"githubWebhookSecret": "..."} or a list of values during a rotation.
+    "CREDENTIALS": {},
+    # The largest webhook body read, in bytes; larger requests get 413.
+    "WEBHOOK_MAX_BODY": 1_048_576,
 }
 
 

@@ -1,6 +1,7 @@
 """pikku_django's models, one module per concern."""
 
 from pikku_django.models.leases import Lease
+from pikku_django.models.webhooks import CredentialValue, TriggerSource, WebhookReceipt
 from pikku_django.models.workflows import (
     TERMINAL_RUN_STATUSES,
     Backoff,
@@ -15,11 +16,14 @@ from pikku_django.models.workflows import (
 __all__ = [
     "TERMINAL_RUN_STATUSES",
     "Backoff",
+    "CredentialValue",
     "Lease",
     "RunStatus",
     "StepAttempt",
     "StepKind",
     "StepStatus",
+    "TriggerSource",
+    "WebhookReceipt",
     "WorkflowRun",
     "WorkflowStep",
 ]

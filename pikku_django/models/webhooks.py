@@ -1,0 +1,93 @@
+"""Webhook trigger sources, their secrets (encrypted), and receipts of accepted events."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class TriggerSource(models.Model):
+    """What is known of one declared trigger source: its switch and its provider registration."""
+
+    name = models.CharField(_("name"), max_length=100, primary_key=True)
+    kind = models.CharField(_("kind"), max_length=20, default="webhook")
+    base_url = models.URLField(_("base URL"), max_length=500, blank=True, default="")
+    label_prefix = models.CharField(_("label prefix"), max_length=100, blank=True, default="")
+    declared = models.BooleanField(
+        _("declared"), default=True, help_text=_("false once the declaration left the code")
+    )
+    enabled = models.BooleanField(
+        _("enabled"), default=False, help_text=_("only an enabled source receives events")
+    )
+    status = models.CharField(_("status"), max_length=20, blank=True, default="")
+    state = models.JSONField(
+        _("provider state"), null=True, blank=True, help_text=_("provider ids only")
+    )
+    detail = models.TextField(_("detail"), blank=True, default="")
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        db_table = "pikku_trigger_source"
+        verbose_name = _("trigger source")
+        verbose_name_plural = _("trigger sources")
+        ordering = ("name",)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({'on' if self.enabled else 'off'})"
+
+
+class CredentialValue(models.Model):
+    """One value of a named credential (e.g. ``githubWebhookSecret``), encrypted at rest.
+
+    A credential may have several active values at once, so a secret can be rotated
+    without dropping deliveries signed with the old one.
+    """
+
+    credential = models.CharField(_("credential"), max_length=200, db_index=True)
+    ciphertext = models.TextField(_("encrypted value"))
+    hint = models.CharField(
+        _("hint"), max_length=20, blank=True, default="", help_text=_("the last characters")
+    )
+    active = models.BooleanField(_("active"), default=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+
+    class Meta:
+        db_table = "pikku_credential_value"
+        verbose_name = _("credential value")
+        verbose_name_plural = _("credential values")
+        ordering = ("credential", "-created_at")
+
+    def __str__(self) -> str:
+        return f"{self.credential} …{self.hint}"
+
+
+class WebhookReceipt(models.Model):
+    """An accepted webhook event: stored once per (source, event, provider id)."""
+
+    source = models.CharField(_("source"), max_length=100)
+    event = models.CharField(_("event"), max_length=200)
+    provider_id = models.CharField(_("provider event id"), max_length=255)
+    data = models.JSONField(_("data"), null=True, blank=True)
+    run = models.ForeignKey(
+        "pikku_django.WorkflowRun",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="webhook_receipts",
+        verbose_name=_("dispatch run"),
+    )
+    received_at = models.DateTimeField(_("received"), auto_now_add=True, db_index=True)
+
+    class Meta:
+        db_table = "pikku_webhook_receipt"
+        verbose_name = _("webhook receipt")
+        verbose_name_plural = _("webhook receipts")
+        ordering = ("-received_at",)
+        constraints = (
+            models.UniqueConstraint(
+                fields=("source", "event", "provider_id"), name="pikku_receipt_once"
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.event} {self.provider_id}"

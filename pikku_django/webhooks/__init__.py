@@ -1,0 +1,29 @@
+"""Webhook sources: declared in code, verified before anything runs, dispatched durably."""
+
+from pikku_django.webhooks.credentials import credential_name, credential_values, set_credential
+from pikku_django.webhooks.sources import (
+    ProviderContext,
+    ReceiveContext,
+    Received,
+    WebhookEvent,
+    WebhookSource,
+    on_webhook,
+    register_source,
+    start_workflow_on,
+    webhook_source,
+)
+
+__all__ = [
+    "ProviderContext",
+    "ReceiveContext",
+    "Received",
+    "WebhookEvent",
+    "WebhookSource",
+    "credential_name",
+    "credential_values",
+    "on_webhook",
+    "register_source",
+    "set_credential",
+    "start_workflow_on",
+    "webhook_source",
+]

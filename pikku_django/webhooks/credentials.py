@@ -1,0 +1,126 @@
+"""Named credentials (webhook secrets), encrypted at rest, with several active values.
+
+Values are encrypted with Fernet keys from ``PIKKU['CREDENTIAL_KEYS']`` (the first
+encrypts, every one decrypts, so keys rotate); without it, one key is derived
+from ``SECRET_KEY``. ``PIKKU['CREDENTIALS']`` may give values in settings instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from pikku_django.conf import pikku_settings
+
+
+def credential_name(source: str) -> str:
+    """A source's default credential name.
+
+    ``microsoft-outlook`` -> ``microsoftOutlookWebhookSecret``.
+    """
+    parts = [p for p in re.split(r"[^0-9A-Za-z]+", source) if p]
+    if not parts:
+        return "webhookSecret"
+    head, *rest = parts
+    return (
+        head[0].lower() + head[1:] + "".join(p[0].upper() + p[1:] for p in rest) + ("WebhookSecret")
+    )
+
+
+def _fernet() -> Any:
+    try:
+        from cryptography.fernet import Fernet, MultiFernet
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            "Stored credentials need cryptography: pip install 'pikku-django[webhooks]'"
+        ) from exc
+    keys = pikku_settings.CREDENTIAL_KEYS
+    if not keys:
+        digest = hashlib.sha256(b"pikku-credentials:" + settings.SECRET_KEY.encode()).digest()
+        keys = [base64.urlsafe_b64encode(digest).decode()]
+    if isinstance(keys, str):
+        keys = [keys]
+    try:
+        return MultiFernet([Fernet(k) for k in keys])
+    except (ValueError, TypeError) as exc:
+        raise ImproperlyConfigured(
+            "PIKKU['CREDENTIAL_KEYS'] must be a list of Fernet keys "
+            "(make one with: python -c 'from cryptography.fernet import Fernet; "
+            "print(Fernet.generate_key().decode())')"
+        ) from exc
+
+
+def encrypt(value: str) -> str:
+    return _fernet().encrypt(value.encode()).decode()
+
+
+def decrypt(token: str) -> str:
+    from cryptography.fernet import InvalidToken
+
+    try:
+        return _fernet().decrypt(token.encode()).decode()
+    except InvalidToken as exc:
+        raise ImproperlyConfigured(
+            "A stored credential cannot be decrypted with PIKKU['CREDENTIAL_KEYS']: keep "
+            "the old key in the list (after the new one) until `manage.py pikku_credentials "
+            "rotate` has re-encrypted every value."
+        ) from exc
+
+
+def hint_of(value: str) -> str:
+    """The last characters of a secret, shown instead of it."""
+    return value[-4:] if len(value) >= 12 else ""
+
+
+def set_credential(name: str, value: str, *, replace: bool = False) -> Any:
+    """Store a new active value for ``name``; ``replace`` retires the others."""
+    from django.db import transaction
+
+    from pikku_django.models import CredentialValue
+
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"A value for credential {name!r} must be a non-empty str")
+    with transaction.atomic():
+        if replace:
+            CredentialValue.objects.filter(credential=name, active=True).update(active=False)
+        return CredentialValue.objects.create(
+            credential=name, ciphertext=encrypt(value), hint=hint_of(value)
+        )
+
+
+def credential_values(name: str) -> list[str]:
+    """Every active value of ``name``: from settings, then the database (newest first)."""
+    from pikku_django.models import CredentialValue
+
+    configured = (pikku_settings.CREDENTIALS or {}).get(name)
+    values: list[str] = []
+    if isinstance(configured, str):
+        values.append(configured)
+    elif isinstance(configured, Iterable):
+        values.extend(str(v) for v in configured if v)
+    values.extend(
+        decrypt(token)
+        for token in CredentialValue.objects.filter(credential=name, active=True)
+        .order_by("-created_at")
+        .values_list("ciphertext", flat=True)
+    )
+    return values
+
+
+def rotate_encryption() -> int:
+    """Re-encrypt every stored value with the first key; how many were rewritten."""
+    from pikku_django.models import CredentialValue
+
+    fernet = _fernet()
+    count = 0
+    for row in CredentialValue.objects.all():
+        row.ciphertext = fernet.rotate(row.ciphertext.encode()).decode()
+        row.save(update_fields=["ciphertext"])
+        count += 1
+    return count

@@ -1,0 +1,228 @@
+"""Webhook sources declared in code, and the handlers bound to their events.
+
+Declare them in an installed app's ``webhooks.py``; pikku_django imports it at start-up.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+
+from pikku_django.webhooks.credentials import credential_name
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
+
+_lock = threading.RLock()
+_sources: dict[str, WebhookSource] = {}
+_handlers: dict[str, Handler] = {}
+
+
+@dataclass(frozen=True)
+class WebhookEvent:
+    """One event a source's ``receive`` found in a request."""
+
+    name: str
+    id: str | None = None
+    data: Any = None
+
+
+@dataclass(frozen=True)
+class Received:
+    """What ``receive`` returns: events, and optionally the answer to send instead."""
+
+    events: Sequence[WebhookEvent] = ()
+    response: HttpResponse | None = None
+
+
+@dataclass
+class ReceiveContext:
+    """What ``receive`` is given besides the request."""
+
+    source: WebhookSource
+    body: bytes
+    verified: bool
+    delivery_id: str | None = None
+
+    def json(self) -> Any:
+        """The body parsed as JSON (ValueError when it is not)."""
+        import json
+
+        return json.loads(self.body.decode("utf-8"))
+
+
+@dataclass
+class ProviderContext:
+    """What ``check``, ``setup`` and ``teardown`` are given."""
+
+    source: WebhookSource
+    url: str
+    label: str
+    events: list[str]
+    state: dict[str, Any] | None
+    secrets: list[str] = field(default_factory=list)
+    new_secret: str | None = None
+
+    def set_secret(self, value: str) -> None:
+        """Record a signing secret the provider issued (stored in the credential)."""
+        self.new_secret = value
+
+
+EventSchema = Callable[[Any], Any] | None
+
+
+@dataclass
+class WebhookSource:
+    """A source of signed webhook requests.
+
+    ``verify`` is a verifier from :mod:`pikku_django.webhooks.verify` (or a preset);
+    ``receive(request, ctx)`` returns a :class:`Received`, a list of
+    :class:`WebhookEvent`, or an ``HttpResponse`` (a handshake answer). ``events``
+    maps each event it emits to an optional schema: a callable that returns a
+    falsy value or raises ValueError for data it refuses.
+    """
+
+    name: str
+    receive: Callable[[HttpRequest, ReceiveContext], Any]
+    verify: Any = None
+    events: Mapping[str, EventSchema] = field(default_factory=dict)
+    route: str | None = None
+    credential: str | None = None
+    check: Callable[[ProviderContext], str] | None = None
+    setup: Callable[[ProviderContext], dict[str, Any] | None] | None = None
+    teardown: Callable[[ProviderContext], None] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ImproperlyConfigured(
+                f"A webhook source name is 1-100 of a-z, 0-9, '-' and '_', got {self.name!r}"
+            )
+        if self.route is None:
+            self.route = f"webhooks/{self.name}/"
+        if self.route.startswith("/"):
+            self.route = self.route.lstrip("/")
+        if self.verify is not None and self.credential is None:
+            self.credential = credential_name(self.name)
+        if not callable(self.receive):
+            raise ImproperlyConfigured(f"Webhook source {self.name!r} needs a receive callable")
+
+    @property
+    def event_keys(self) -> list[str]:
+        return [f"{self.name}:{event}" for event in self.events]
+
+
+@dataclass(frozen=True)
+class Handler:
+    """What runs for one ``<source>:<event>``: a function (by step name) or a workflow."""
+
+    key: str
+    step: str | None = None
+    workflow: str | None = None
+
+
+def register_source(source: WebhookSource) -> WebhookSource:
+    """Declare ``source``; a second source with its name or route is an error."""
+    with _lock:
+        for other in _sources.values():
+            if other.name == source.name and other is not source:
+                if _same_declaration(other, source):
+                    break
+                raise ImproperlyConfigured(f"Two webhook sources are named {source.name!r}")
+            if other.route == source.route and other.name != source.name:
+                raise ImproperlyConfigured(
+                    f"Webhook sources {other.name!r} and {source.name!r} share the route "
+                    f"{source.route!r}"
+                )
+        _sources[source.name] = source
+    return source
+
+
+def _same_declaration(a: WebhookSource, b: WebhookSource) -> bool:
+    def ident(fn: Any) -> str:
+        return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', fn)}"
+
+    return ident(a.receive) == ident(b.receive)
+
+
+def webhook_source(**options: Any) -> Callable[[Callable[..., Any]], WebhookSource]:
+    """Declare a source whose ``receive`` is the decorated function."""
+
+    def register(receive: Callable[..., Any]) -> WebhookSource:
+        return register_source(WebhookSource(receive=receive, **options))
+
+    return register
+
+
+def on_webhook(key: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Run the decorated ``fn(event)`` on a worker for each ``<source>:<event>``."""
+    from pikku_django.workflows.registry import step
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        step_name = f"webhook:{key}:{getattr(fn, '__qualname__', 'handler')}"
+        step(name=step_name[:200])(fn)
+        _bind(Handler(key=key, step=step_name[:200]))
+        return fn
+
+    _check_key(key)
+    return register
+
+
+def start_workflow_on(key: str, workflow: str | Callable[..., Any]) -> None:
+    """Start ``workflow`` with each ``<source>:<event>`` event as its input."""
+    _check_key(key)
+    name = getattr(workflow, "__pikku_workflow__", workflow)
+    if not isinstance(name, str):
+        raise ImproperlyConfigured(f"{workflow!r} is not a registered workflow")
+    _bind(Handler(key=key, workflow=name))
+
+
+def _check_key(key: object) -> None:
+    if not isinstance(key, str) or key.count(":") != 1 or not all(key.split(":")):
+        raise ImproperlyConfigured(f"Bind handlers to '<source>:<event>', not {key!r}")
+
+
+def _bind(handler: Handler) -> None:
+    with _lock:
+        existing = _handlers.get(handler.key)
+        if existing is not None and existing != handler:
+            raise ImproperlyConfigured(f"{handler.key!r} already has a handler")
+        _handlers[handler.key] = handler
+
+
+def get_source(name: str) -> WebhookSource | None:
+    return _sources.get(name)
+
+
+def source_for_route(route: str) -> WebhookSource | None:
+    for source in _sources.values():
+        if source.route == route:
+            return source
+    return None
+
+
+def sources() -> list[WebhookSource]:
+    return sorted(_sources.values(), key=lambda s: s.name)
+
+
+def handler_for(source: str, event: str) -> Handler | None:
+    return _handlers.get(f"{source}:{event}")
+
+
+def unregister_source(name: str) -> None:
+    """Forget a declared source and its handlers (for tests)."""
+    with _lock:
+        _sources.pop(name, None)
+        for key in [k for k in _handlers if k.startswith(f"{name}:")]:
+            del _handlers[key]
+
+
+def autodiscover() -> None:
+    """Import ``webhooks`` from every installed app."""
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("webhooks")
