@@ -1,0 +1,280 @@
+"""Verifiers for well-known webhook providers.
+
+Each is a :class:`~pikku_django.webhooks.verify.Verifier`; the secret passed to
+``verify`` is the one the provider shows (signing secret, app secret or public key).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pikku_django.webhooks.verify import (
+    HAS_CRYPTOGRAPHY,
+    HMAC,
+    MAX_SIGNATURES,
+    Headers,
+    MalformedSignatureError,
+    PublicKey,
+    SignatureMismatchError,
+    SignedMessage,
+    Verifier,
+    check_delivery_id,
+    check_tolerance,
+    decode_base64,
+    decode_signature,
+    hmac_matches,
+    load_public_key,
+    parse_timestamp,
+    verify_public_key_signature,
+)
+
+__all__ = [
+    "Discord",
+    "GitHub",
+    "SendGrid",
+    "Shopify",
+    "Slack",
+    "StandardWebhooks",
+    "Stripe",
+]
+
+DEFAULT_TOLERANCE = 300
+
+
+class GitHub(HMAC):
+    """GitHub: ``X-Hub-Signature-256: sha256=<hex>`` over the body.
+
+    The delivery id (``X-GitHub-Delivery``) is not covered by the signature.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            "X-Hub-Signature-256",
+            prefix="sha256=",
+            algorithm="sha256",
+            encoding="hex",
+            delivery_id_header="X-GitHub-Delivery",
+        )
+
+    def __repr__(self) -> str:
+        return "GitHub()"
+
+
+class Shopify(HMAC):
+    """Shopify: ``X-Shopify-Hmac-Sha256: <base64>`` over the body, keyed by the app secret.
+
+    The delivery id (``X-Shopify-Webhook-Id``) is not covered by the signature.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            "X-Shopify-Hmac-Sha256",
+            algorithm="sha256",
+            encoding="base64",
+            delivery_id_header="X-Shopify-Webhook-Id",
+        )
+
+    def __repr__(self) -> str:
+        return "Shopify()"
+
+
+class Discord(PublicKey):
+    """Discord interactions: Ed25519 over timestamp + body; the secret is the hex public key."""
+
+    def __init__(self, tolerance: int | None = DEFAULT_TOLERANCE) -> None:
+        super().__init__(
+            "X-Signature-Ed25519",
+            algorithm="ed25519",
+            encoding="hex",
+            timestamp_header="X-Signature-Timestamp",
+            tolerance=tolerance,
+        )
+
+    def __repr__(self) -> str:
+        return f"Discord(tolerance={self.tolerance!r})"
+
+
+class SendGrid(PublicKey):
+    """SendGrid (Twilio) event webhook: ECDSA P-256 over timestamp + body, base64.
+
+    The secret is the verification key SendGrid shows (base64 DER, or PEM).
+    No replay window unless ``tolerance`` is given.
+    """
+
+    def __init__(self, tolerance: int | None = None) -> None:
+        super().__init__(
+            "X-Twilio-Email-Event-Webhook-Signature",
+            algorithm="ecdsa-p256-sha256",
+            encoding="base64",
+            timestamp_header="X-Twilio-Email-Event-Webhook-Timestamp",
+            tolerance=tolerance,
+        )
+
+    def __repr__(self) -> str:
+        return f"SendGrid(tolerance={self.tolerance!r})"
+
+
+class Stripe(Verifier[bytes]):
+    """Stripe: ``Stripe-Signature: t=<ts>,v1=<hex>[,v1=<hex>...]`` over ``{t}.{body}``.
+
+    The ``whsec_...`` secret is the HMAC key as it is (UTF-8), not decoded.
+    Stripe puts the event id in the body, so there is no delivery id here.
+    """
+
+    header = "Stripe-Signature"
+
+    def __init__(self, tolerance: int | None = DEFAULT_TOLERANCE) -> None:
+        self.tolerance = check_tolerance(tolerance)
+
+    def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
+        value = headers.require(self.header)
+        raw_timestamp: str | None = None
+        signatures: list[tuple[str, bytes]] = []
+        for item in value.split(","):
+            name, sep, field = (part.strip() for part in item.partition("="))
+            if not (name or sep or field):
+                continue  # a stray comma
+            if not sep or not name:
+                raise MalformedSignatureError(f"the {self.header} header has a bad item")
+            if name == "t":
+                if raw_timestamp is not None:
+                    raise MalformedSignatureError(f"the {self.header} header has two t=")
+                raw_timestamp = field
+            elif name == "v1":
+                what = f"a v1 signature in the {self.header} header"
+                signature = decode_signature(field, "hex", what)
+                if len(signature) != 32:
+                    raise MalformedSignatureError(f"{what} is not a SHA-256 HMAC")
+                signatures.append(("v1", signature))
+                if len(signatures) > MAX_SIGNATURES:
+                    raise MalformedSignatureError(f"the {self.header} header has too many")
+        if raw_timestamp is None:
+            raise MalformedSignatureError(f"the {self.header} header has no t=")
+        timestamp = parse_timestamp(raw_timestamp, f"t= in the {self.header} header")
+        if not signatures:
+            raise SignatureMismatchError(f"the {self.header} header has no v1 signature")
+        return SignedMessage(
+            message=raw_timestamp.encode("ascii") + b"." + body,
+            signatures=tuple(signatures),
+            timestamp=timestamp,
+        )
+
+    def _load_key(self, secret: str) -> bytes:
+        return secret.encode("utf-8")
+
+    def _matches(self, signed: SignedMessage, key: bytes) -> bool:
+        return hmac_matches(key, signed)
+
+
+class Slack(Verifier[bytes]):
+    """Slack: ``X-Slack-Signature: v0=<hex>`` over ``v0:{ts}:{body}``.
+
+    The timestamp is ``X-Slack-Request-Timestamp``; the secret is the app's signing secret.
+    """
+
+    header = "X-Slack-Signature"
+    timestamp_header = "X-Slack-Request-Timestamp"
+
+    def __init__(self, tolerance: int | None = DEFAULT_TOLERANCE) -> None:
+        self.tolerance = check_tolerance(tolerance)
+
+    def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
+        value = headers.require(self.header)
+        raw_timestamp = headers.require(self.timestamp_header)
+        what = f"the {self.header} header"
+        version, sep, hex_signature = value.partition("=")
+        if not sep or version != "v0":
+            raise MalformedSignatureError(f"{what} is not a v0= signature")
+        signature = decode_signature(hex_signature, "hex", what)
+        if len(signature) != 32:
+            raise MalformedSignatureError(f"{what} is not a SHA-256 HMAC")
+        timestamp = parse_timestamp(raw_timestamp, f"the {self.timestamp_header} header")
+        return SignedMessage(
+            message=b"v0:" + raw_timestamp.encode("ascii") + b":" + body,
+            signatures=(("v0", signature),),
+            timestamp=timestamp,
+        )
+
+    def _load_key(self, secret: str) -> bytes:
+        return secret.encode("utf-8")
+
+    def _matches(self, signed: SignedMessage, key: bytes) -> bool:
+        return hmac_matches(key, signed)
+
+
+class StandardWebhooks(Verifier[tuple[str, Any]]):
+    """Standard Webhooks (and Svix): ``{id}.{timestamp}.{body}`` signed as ``v1,<b64>``.
+
+    Headers ``webhook-id``/``-timestamp``/``-signature``, or Svix's ``svix-*`` ones.
+    A ``whsec_<base64>`` secret (prefix optional) checks ``v1`` HMAC-SHA256
+    signatures; a ``whpk_<base64>`` public key checks ``v1a`` Ed25519 ones.
+    The delivery id is ``webhook-id``, which the signature covers.
+    """
+
+    def __init__(self, tolerance: int | None = DEFAULT_TOLERANCE) -> None:
+        self.tolerance = check_tolerance(tolerance)
+
+    def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
+        prefix = "webhook-"
+        if headers.get("webhook-signature") is None and headers.get("svix-signature"):
+            prefix = "svix-"
+        value = headers.require(f"{prefix}signature")
+        raw_id = headers.require(f"{prefix}id")
+        raw_timestamp = headers.require(f"{prefix}timestamp")
+        what = f"the {prefix}signature header"
+        entries = value.split()
+        if len(entries) > MAX_SIGNATURES:
+            raise MalformedSignatureError(f"{what} has too many signatures")
+        signatures: list[tuple[str, bytes]] = []
+        for entry in entries:
+            version, sep, encoded = entry.partition(",")
+            if not sep or not version or not encoded:
+                raise MalformedSignatureError(f"{what} has an entry that is not version,signature")
+            size = {"v1": 32, "v1a": 64}.get(version)
+            if size is None:
+                continue  # a scheme this version does not know
+            signature = decode_signature(encoded, "base64", f"a {version} signature in {what}")
+            if len(signature) != size:
+                raise MalformedSignatureError(f"a {version} signature in {what} has a bad length")
+            signatures.append((version, signature))
+        delivery_id = check_delivery_id(raw_id, f"the {prefix}id header")
+        timestamp = parse_timestamp(raw_timestamp, f"the {prefix}timestamp header")
+        if not signatures:
+            raise SignatureMismatchError(f"{what} has no v1 or v1a signature")
+        message = b"%s.%s.%s" % (
+            raw_id.encode("utf-8", "surrogatepass"),
+            raw_timestamp.encode(),
+            body,
+        )
+        return SignedMessage(
+            message=message,
+            signatures=tuple(signatures),
+            timestamp=timestamp,
+            delivery_id=delivery_id,
+        )
+
+    def _load_key(self, secret: str) -> tuple[str, Any]:
+        secret = secret.strip()
+        if secret.startswith("whpk_"):
+            if not HAS_CRYPTOGRAPHY:
+                raise ValueError("whpk_ keys need the 'cryptography' package")
+            raw = decode_base64(secret[len("whpk_") :])
+            if len(raw) != 32:
+                raise ValueError("a whpk_ key must be 32 bytes of base64")
+            return "v1a", load_public_key(raw.hex(), "ed25519")
+        if secret.startswith("whsk_"):
+            raise ValueError("this is the signing key; set its public key (whpk_...) instead")
+        key = decode_base64(secret.removeprefix("whsec_"))
+        if not key:
+            raise ValueError("the secret is empty")
+        return "v1", key
+
+    def _matches(self, signed: SignedMessage, key: tuple[str, Any]) -> bool:
+        scheme, material = key
+        if scheme == "v1":
+            return hmac_matches(material, signed, "sha256", scheme="v1")
+        return any(
+            verify_public_key_signature(material, "ed25519", sig, signed.message)
+            for version, sig in signed.signatures
+            if version == "v1a"
+        )

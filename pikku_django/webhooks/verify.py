@@ -1,0 +1,660 @@
+"""Signature verification for inbound webhooks.
+
+A :class:`Verifier` holds how a provider signs its requests (never the secret):
+``verifier.verify(request.headers, request.body, secrets)`` returns a
+:class:`VerifiedRequest` or raises a :class:`WebhookVerificationError` whose
+``status_code`` is the answer to give (400 malformed, 401 refused).
+
+Several secrets mean rotation: the request is accepted when any of them matches.
+No secret means refusal, never acceptance.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import hashlib
+import hmac
+import logging
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+try:
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
+    from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+
+    HAS_CRYPTOGRAPHY = True
+except ImportError:  # pragma: no cover - exercised only without the extra
+    HAS_CRYPTOGRAPHY = False
+
+__all__ = [
+    "HMAC",
+    "MAX_DELIVERY_ID_LENGTH",
+    "MAX_HEADER_LENGTH",
+    "MAX_SIGNATURES",
+    "Function",
+    "MalformedSignatureError",
+    "PublicKey",
+    "SignatureMismatchError",
+    "StaleRequestError",
+    "Token",
+    "VerifiedRequest",
+    "Verifier",
+    "WebhookRequest",
+    "WebhookVerificationError",
+    "verify_request",
+]
+
+logger = logging.getLogger("pikku_django.webhooks")
+
+#: A signature, timestamp or delivery-id header longer than this is malformed.
+MAX_HEADER_LENGTH = 4096
+#: At most this many signatures in one header (bounds the work per request).
+MAX_SIGNATURES = 16
+#: A delivery id longer than this is malformed.
+MAX_DELIVERY_ID_LENGTH = 255
+#: A timestamp header: unix seconds, ASCII digits only.
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
+_BASE64 = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
+
+HmacAlgorithm = Literal["sha1", "sha256", "sha512"]
+SignatureEncoding = Literal["hex", "base64"]
+SecretEncoding = Literal["utf8", "base64", "hex"]
+PublicKeyAlgorithm = Literal[
+    "ed25519",
+    "rsa-pkcs1v15-sha256",
+    "rsa-pss-sha256",
+    "ecdsa-p256-sha256",
+    "ecdsa-p384-sha384",
+    "ecdsa-p521-sha512",
+]
+HMAC_ALGORITHMS: tuple[str, ...] = ("sha1", "sha256", "sha512")
+SIGNATURE_ENCODINGS: tuple[str, ...] = ("hex", "base64")
+SECRET_ENCODINGS: tuple[str, ...] = ("utf8", "base64", "hex")
+PUBLIC_KEY_ALGORITHMS: tuple[str, ...] = (
+    "ed25519",
+    "rsa-pkcs1v15-sha256",
+    "rsa-pss-sha256",
+    "ecdsa-p256-sha256",
+    "ecdsa-p384-sha384",
+    "ecdsa-p521-sha512",
+)
+# curve name, coordinate size in bytes, hash name
+_ECDSA = {
+    "ecdsa-p256-sha256": ("secp256r1", 32, "sha256"),
+    "ecdsa-p384-sha384": ("secp384r1", 48, "sha384"),
+    "ecdsa-p521-sha512": ("secp521r1", 66, "sha512"),
+}
+
+
+class WebhookVerificationError(Exception):
+    """A webhook request failed verification; answer it with ``status_code``."""
+
+    status_code = 401
+
+
+class MalformedSignatureError(WebhookVerificationError):
+    """A signature or timestamp header is present but cannot be parsed (answer 400)."""
+
+    status_code = 400
+
+
+class SignatureMismatchError(WebhookVerificationError):
+    """No secret is set, a required header is absent, or no secret matches (answer 401)."""
+
+    status_code = 401
+
+
+class StaleRequestError(SignatureMismatchError):
+    """The signature matches but its timestamp is outside the replay window (answer 401)."""
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedRequest:
+    """What a successful verification learnt about the request."""
+
+    #: The provider's id for this delivery (de-duplication key), when the scheme has one.
+    delivery_id: str | None = None
+    #: The signed timestamp (unix seconds), when the scheme signs one.
+    timestamp: int | None = None
+    #: Position in ``secrets`` of the secret that matched (rotation bookkeeping).
+    secret_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookRequest:
+    """The request a :class:`Function` check receives: headers and raw body."""
+
+    headers: Mapping[str, str]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SignedMessage:
+    """A request's signature material, parsed from its headers."""
+
+    #: The exact bytes the provider signed.
+    message: bytes
+    #: ``(scheme, raw signature)`` pairs; any one of them may match.
+    signatures: tuple[tuple[str, bytes], ...]
+    timestamp: int | None = None
+    delivery_id: str | None = None
+    #: The request itself, for checks that need more than the signed bytes.
+    request: WebhookRequest | None = None
+
+
+class _CaseInsensitiveHeaders(Mapping[str, str]):
+    """A read-only header mapping looked up without regard to case."""
+
+    def __init__(self, headers: Mapping[Any, Any]) -> None:
+        self._items: dict[str, tuple[str, Any]] = {}
+        for name, value in headers.items():
+            if isinstance(name, str):
+                self._items.setdefault(name.lower(), (name, value))
+
+    def __getitem__(self, name: str) -> Any:
+        if not isinstance(name, str):
+            raise KeyError(name)
+        return self._items[name.lower()][1]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self._items.values())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Headers:
+    """The request headers as a verifier reads them: trimmed, bounded text."""
+
+    def __init__(self, headers: Mapping[Any, Any]) -> None:
+        self.mapping = _CaseInsensitiveHeaders(headers)
+
+    def get(self, name: str) -> str | None:
+        """The trimmed value of ``name``, or ``None`` when absent or empty."""
+        value = self.mapping.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise MalformedSignatureError(f"the {name} header is not text")
+        if len(value) > MAX_HEADER_LENGTH:
+            raise MalformedSignatureError(f"the {name} header is too long")
+        return value.strip() or None
+
+    def require(self, name: str) -> str:
+        """The trimmed value of ``name``; its absence refuses the request."""
+        value = self.get(name)
+        if value is None:
+            raise SignatureMismatchError(f"the {name} header is missing")
+        return value
+
+
+def decode_signature(value: str, encoding: str, what: str) -> bytes:
+    """Decode a hex or base64 signature, or raise :class:`MalformedSignatureError`."""
+    try:
+        return decode_hex(value) if encoding == "hex" else decode_base64(value)
+    except ValueError:
+        raise MalformedSignatureError(f"{what} is not valid {encoding}") from None
+
+
+def decode_hex(value: str) -> bytes:
+    """Strict hex (either case, no separators); ``ValueError`` otherwise."""
+    if not _HEX.fullmatch(value):
+        raise ValueError("not hex")
+    return bytes.fromhex(value)
+
+
+def decode_base64(value: str) -> bytes:
+    """Base64, standard or URL-safe alphabet, padding optional; ``ValueError`` otherwise."""
+    if not _BASE64.fullmatch(value):
+        raise ValueError("not base64")
+    data = value.rstrip("=").replace("-", "+").replace("_", "/")
+    if len(data) % 4 == 1:
+        raise ValueError("not base64")
+    try:
+        return base64.b64decode(data + "=" * (-len(data) % 4), validate=True)
+    except binascii.Error:
+        raise ValueError("not base64") from None
+
+
+def parse_timestamp(value: str, what: str) -> int:
+    """Unix seconds from ASCII digits, or raise :class:`MalformedSignatureError`."""
+    if not _TIMESTAMP.fullmatch(value):
+        raise MalformedSignatureError(f"{what} is not a unix timestamp")
+    return int(value)
+
+
+def check_delivery_id(value: str, what: str) -> str:
+    """A delivery id fit to store and log, or raise :class:`MalformedSignatureError`."""
+    if len(value) > MAX_DELIVERY_ID_LENGTH or not value.isprintable():
+        raise MalformedSignatureError(f"{what} is not a usable delivery id")
+    return value
+
+
+def check_window(timestamp: int, now: float, tolerance: int | None) -> None:
+    """Raise :class:`StaleRequestError` unless ``timestamp`` is within ``tolerance`` of now."""
+    if tolerance is None:
+        return
+    age = now - timestamp
+    if age > tolerance:
+        raise StaleRequestError(f"the request is {int(age)} s old (window {tolerance} s)")
+    if -age > tolerance:
+        raise StaleRequestError(
+            f"the request is {int(-age)} s in the future (window {tolerance} s)"
+        )
+
+
+def check_tolerance(tolerance: int | None) -> int | None:
+    """``tolerance`` if it is None or a positive number of seconds; ``ValueError`` otherwise."""
+    if tolerance is not None and (
+        isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or tolerance <= 0
+    ):
+        raise ValueError("tolerance must be a positive number of seconds, or None")
+    return tolerance
+
+
+def _choice(name: str, value: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def _strip_prefix(value: str, prefix: str, header: str) -> str:
+    if not prefix:
+        return value
+    if value[: len(prefix)].lower() != prefix.lower():
+        raise MalformedSignatureError(f"the {header} header does not start with {prefix!r}")
+    rest = value[len(prefix) :].strip()
+    if not rest:
+        raise MalformedSignatureError(f"the {header} header has nothing after {prefix!r}")
+    return rest
+
+
+def _as_body(body: bytes) -> bytes:
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, bytearray | memoryview):
+        return bytes(body)
+    raise TypeError(f"body must be the raw request bytes (request.body), not {type(body).__name__}")
+
+
+def _require_cryptography(what: str) -> None:
+    if not HAS_CRYPTOGRAPHY:
+        raise ImportError(
+            f"{what} needs the 'cryptography' package: pip install 'pikku-django[webhooks]'"
+        )
+
+
+K = TypeVar("K")
+
+
+class Verifier(ABC, Generic[K]):
+    """How one provider signs its requests.
+
+    Subclasses parse the headers (:meth:`_parse`), turn each secret into a key
+    (:meth:`_load_key`, ``ValueError`` when unusable) and check one key
+    (:meth:`_matches`); :meth:`verify` does the rest.
+    """
+
+    #: Replay window in seconds (both ways) for schemes that sign a timestamp.
+    tolerance: int | None = None
+    #: Header carrying the provider's delivery id, if not already signed by the scheme.
+    delivery_id_header: str | None = None
+
+    def verify(
+        self,
+        headers: Mapping[str, str],
+        body: bytes,
+        secrets: Sequence[str] | None,
+        *,
+        now: float | None = None,
+    ) -> VerifiedRequest:
+        """Verify one request, or raise a :class:`WebhookVerificationError`."""
+        body = _as_body(body)
+        keys = self._keys(secrets)
+        reader = Headers(headers)
+        signed = self._parse(reader, body)
+        delivery_id = signed.delivery_id
+        if delivery_id is None and self.delivery_id_header:
+            raw_id = reader.get(self.delivery_id_header)
+            if raw_id is not None:
+                delivery_id = check_delivery_id(raw_id, f"the {self.delivery_id_header} header")
+        for index, key in keys:
+            if self._safe_matches(signed, key, index):
+                break
+        else:
+            raise SignatureMismatchError("the signature does not match any secret")
+        if signed.timestamp is not None:
+            check_window(signed.timestamp, time.time() if now is None else now, self.tolerance)
+        return VerifiedRequest(
+            delivery_id=delivery_id, timestamp=signed.timestamp, secret_index=index
+        )
+
+    def validate_secret(self, secret: str) -> None:
+        """Raise ``ValueError`` if this verifier cannot use ``secret``."""
+        if not isinstance(secret, str) or not secret.strip():
+            raise ValueError("the secret is empty")
+        self._load_key(secret)
+
+    @abstractmethod
+    def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
+        """The request's signature material; raises on malformed or missing headers."""
+
+    @abstractmethod
+    def _load_key(self, secret: str) -> K:
+        """The key a secret stands for; ``ValueError`` when it cannot be used."""
+
+    @abstractmethod
+    def _matches(self, signed: SignedMessage, key: K) -> bool:
+        """Whether ``key`` signed ``signed`` (any of its signatures)."""
+
+    def _keys(self, secrets: Sequence[str] | None) -> list[tuple[int, K]]:
+        if isinstance(secrets, str | bytes):
+            raise TypeError("secrets must be a sequence of secrets, not a single string")
+        items = list(secrets or ())
+        for secret in items:
+            if secret is not None and not isinstance(secret, str):
+                raise TypeError(f"a secret must be a str, not {type(secret).__name__}")
+        present = [(i, s) for i, s in enumerate(items) if s and s.strip()]
+        if not present:
+            raise SignatureMismatchError("no secret is set")
+        keys: list[tuple[int, K]] = []
+        for index, secret in present:
+            try:
+                keys.append((index, self._load_key(secret)))
+            except Exception as exc:
+                logger.error("webhook secret #%d cannot be used by %r: %s", index, self, exc)
+        if not keys:
+            raise SignatureMismatchError("no usable secret is set")
+        return keys
+
+    def _safe_matches(self, signed: SignedMessage, key: K, index: int) -> bool:
+        try:
+            return self._matches(signed, key)
+        except Exception:
+            logger.warning("checking webhook secret #%d with %r failed", index, self, exc_info=True)
+            return False
+
+    def __repr__(self) -> str:
+        args = ", ".join(
+            f"{name}={value!r}"
+            for name, value in vars(self).items()
+            if not name.startswith("_") and value is not None
+        )
+        return f"{type(self).__name__}({args})"
+
+
+def _decode_secret(secret: str, encoding: str) -> bytes:
+    if encoding == "utf8":
+        key = secret.encode("utf-8")
+    elif encoding == "hex":
+        key = decode_hex(secret.strip())
+    else:
+        key = decode_base64(secret.strip())
+    if not key:
+        raise ValueError("the secret is empty")
+    return key
+
+
+class HMAC(Verifier[bytes]):
+    """An HMAC of the raw body in one header, e.g. ``sha256=<hex>``."""
+
+    def __init__(
+        self,
+        header: str,
+        *,
+        prefix: str = "",
+        algorithm: HmacAlgorithm = "sha256",
+        encoding: SignatureEncoding = "hex",
+        secret_encoding: SecretEncoding = "utf8",  # noqa: S107 - an encoding, not a secret
+        delivery_id_header: str | None = None,
+    ) -> None:
+        self.header = header
+        self.prefix = prefix
+        self.algorithm = _choice("algorithm", algorithm, HMAC_ALGORITHMS)
+        self.encoding = _choice("encoding", encoding, SIGNATURE_ENCODINGS)
+        self.secret_encoding = _choice("secret_encoding", secret_encoding, SECRET_ENCODINGS)
+        self.delivery_id_header = delivery_id_header
+        self._digest_size = hashlib.new(algorithm).digest_size
+
+    def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
+        value = _strip_prefix(headers.require(self.header), self.prefix, self.header)
+        signature = decode_signature(value, self.encoding, f"the {self.header} header")
+        if len(signature) != self._digest_size:
+            raise MalformedSignatureError(
+                f"the {self.header} header is not a {self.algorithm} signature"
+            )
+        return SignedMessage(message=body, signatures=(("", signature),))
+
+    def _load_key(self, secret: str) -> bytes:
+        return _decode_secret(secret, self.secret_encoding)
+
+    def _matches(self, signed: SignedMessage, key: bytes) -> bool:
+        return hmac_matches(key, signed, self.algorithm)
+
+
+def hmac_matches(
+    key: bytes, signed: SignedMessage, algorithm: str = "sha256", scheme: str | None = None
+) -> bool:
+    """Whether any signature (of ``scheme``, if given) is the HMAC of the signed bytes."""
+    expected = hmac.new(key, signed.message, algorithm).digest()
+    return any(
+        hmac.compare_digest(expected, signature)
+        for name, signature in signed.signatures
+        if scheme is None or name == scheme
+    )
+
+
+class Token(Verifier[bytes]):
+    """A shared token in one header (optionally after a prefix such as ``Bearer ``)."""
+
+    def __init__(
+        self, header: str, *, prefix: str = "", delivery_id_header: str | None = None
+    ) -> None:
+        self.header = header
+        self.prefix = prefix
+        self.delivery_id_header = delivery_id_header
+
+    def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
+        token = _strip_prefix(headers.require(self.header), self.prefix, self.header)
+        return SignedMessage(message=b"", signatures=(("", _text_bytes(token)),))
+
+    def _load_key(self, secret: str) -> bytes:
+        return secret.encode("utf-8")
+
+    def _matches(self, signed: SignedMessage, key: bytes) -> bool:
+        # Digests first, so the comparison does not reveal the token's length either.
+        expected = hashlib.sha256(key).digest()
+        return any(
+            hmac.compare_digest(expected, hashlib.sha256(token).digest())
+            for _, token in signed.signatures
+        )
+
+
+def _text_bytes(value: str) -> bytes:
+    return value.encode("utf-8", "surrogatepass")
+
+
+@functools.lru_cache(maxsize=128)
+def load_public_key(secret: str, algorithm: str) -> Any:
+    """The public key in ``secret`` (PEM, certificate, base64/hex DER, raw Ed25519).
+
+    Raises ``ValueError`` when it is not a public key of ``algorithm``'s type.
+    """
+    _require_cryptography("public-key verification")
+    text = secret.strip()
+    if text.startswith("-----BEGIN CERTIFICATE"):
+        key = x509.load_pem_x509_certificate(text.encode("ascii")).public_key()
+    elif text.startswith("-----BEGIN"):
+        key = serialization.load_pem_public_key(text.encode("ascii"))
+    else:
+        raw = decode_hex(text) if _HEX.fullmatch(text) else decode_base64(text)
+        if algorithm == "ed25519" and len(raw) == 32:
+            key = ed25519.Ed25519PublicKey.from_public_bytes(raw)
+        else:
+            key = serialization.load_der_public_key(raw)
+    if algorithm == "ed25519":
+        if not isinstance(key, ed25519.Ed25519PublicKey):
+            raise ValueError("not an Ed25519 public key")
+    elif algorithm.startswith("rsa-"):
+        if not isinstance(key, rsa.RSAPublicKey):
+            raise ValueError("not an RSA public key")
+    else:
+        curve = _ECDSA[algorithm][0]
+        if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != curve:
+            raise ValueError(f"not an ECDSA {curve} public key")
+    return key
+
+
+def _hash(name: str) -> Any:
+    return {"sha256": hashes.SHA256, "sha384": hashes.SHA384, "sha512": hashes.SHA512}[name]()
+
+
+def verify_public_key_signature(key: Any, algorithm: str, signature: bytes, message: bytes) -> bool:
+    """Whether ``signature`` over ``message`` verifies under ``key``."""
+    try:
+        if algorithm == "ed25519":
+            key.verify(signature, message)
+        elif algorithm == "rsa-pkcs1v15-sha256":
+            key.verify(signature, message, padding.PKCS1v15(), hashes.SHA256())
+        elif algorithm == "rsa-pss-sha256":
+            pss = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.AUTO)
+            key.verify(signature, message, pss, hashes.SHA256())
+        else:
+            _, size, hash_name = _ECDSA[algorithm]
+            scheme = ec.ECDSA(_hash(hash_name))
+            candidates = [signature]
+            if len(signature) == 2 * size:  # raw r || s
+                r = int.from_bytes(signature[:size], "big")
+                s = int.from_bytes(signature[size:], "big")
+                candidates.append(encode_dss_signature(r, s))
+            for candidate in candidates:
+                try:
+                    key.verify(candidate, message, scheme)
+                    return True
+                except (InvalidSignature, ValueError):
+                    continue
+            return False
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+class PublicKey(Verifier[Any]):
+    """A public-key signature in one header; the secret is the provider's public key.
+
+    With ``timestamp_header``, the signed bytes are that header's value followed
+    by the body, and ``tolerance`` (seconds, both ways) bounds its age.
+    """
+
+    def __init__(
+        self,
+        header: str,
+        *,
+        algorithm: PublicKeyAlgorithm = "ed25519",
+        encoding: SignatureEncoding = "hex",
+        timestamp_header: str | None = None,
+        tolerance: int | None = None,
+        delivery_id_header: str | None = None,
+    ) -> None:
+        _require_cryptography("PublicKey")
+        self.header = header
+        self.algorithm = _choice("algorithm", algorithm, PUBLIC_KEY_ALGORITHMS)
+        self.encoding = _choice("encoding", encoding, SIGNATURE_ENCODINGS)
+        self.timestamp_header = timestamp_header
+        if tolerance is not None and timestamp_header is None:
+            raise ValueError("tolerance needs a timestamp_header")
+        self.tolerance = check_tolerance(tolerance)
+        self.delivery_id_header = delivery_id_header
+
+    def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
+        what = f"the {self.header} header"
+        signature = decode_signature(headers.require(self.header), self.encoding, what)
+        if self.algorithm == "ed25519" and len(signature) != 64:
+            raise MalformedSignatureError(f"{what} is not an Ed25519 signature")
+        if len(signature) > 1024:
+            raise MalformedSignatureError(f"{what} is too long for a signature")
+        timestamp = None
+        message = body
+        if self.timestamp_header:
+            raw = headers.require(self.timestamp_header)
+            timestamp = parse_timestamp(raw, f"the {self.timestamp_header} header")
+            message = raw.encode("ascii") + body
+        return SignedMessage(
+            message=message,
+            signatures=(("", signature),),
+            timestamp=timestamp,
+        )
+
+    def _load_key(self, secret: str) -> Any:
+        return load_public_key(secret, self.algorithm)
+
+    def _matches(self, signed: SignedMessage, key: Any) -> bool:
+        return any(
+            verify_public_key_signature(key, self.algorithm, signature, signed.message)
+            for _, signature in signed.signatures
+        )
+
+
+class Function(Verifier[str]):
+    """A user check ``fn(request, secret) -> bool``, tried with each secret.
+
+    ``request`` has ``headers`` (case-insensitive) and ``body`` (raw bytes), like
+    Django's ``HttpRequest``. Only ``True`` accepts; an exception counts as a mismatch.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[WebhookRequest, str], bool],
+        *,
+        delivery_id_header: str | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise TypeError("fn must be callable")
+        self.fn = fn
+        self.delivery_id_header = delivery_id_header
+
+    def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
+        return SignedMessage(
+            message=body, signatures=(), request=WebhookRequest(headers.mapping, body)
+        )
+
+    def _load_key(self, secret: str) -> str:
+        return secret
+
+    def _matches(self, signed: SignedMessage, key: str) -> bool:
+        if signed.request is None:
+            return False
+        try:
+            result = self.fn(signed.request, key)
+        except Exception:
+            logger.warning("webhook check %r raised; treated as a mismatch", self.fn, exc_info=True)
+            return False
+        if not isinstance(result, bool):
+            logger.warning(
+                "webhook check %r returned %s, not a bool; treated as a mismatch",
+                self.fn,
+                type(result).__name__,
+            )
+            return False
+        return result
+
+
+def verify_request(
+    verifier: Verifier[Any],
+    headers: Mapping[str, str],
+    body: bytes,
+    secrets: Sequence[str] | None,
+    now: float | None = None,
+) -> VerifiedRequest:
+    """Verify one request with ``verifier`` (see :meth:`Verifier.verify`)."""
+    return verifier.verify(headers, body, secrets, now=now)
