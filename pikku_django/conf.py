@@ -60,6 +60,15 @@ DEFAULTS: dict[str, Any] = {
     # Credential values given in settings instead of the database:
     # {"githubWebhookSecret": "..."} or a list of values during a rotation.
     "CREDENTIALS": {},
+    # Who may see a run's status and stream: None means users with the
+    # pikku_django.view_workflowrun permission; or the dotted path of a
+    # function (request, run) -> bool.
+    "RUN_VIEW_PERMISSION": None,
+    # The status stream: seconds between looks when nothing wakes it (PostgreSQL
+    # wakes it with NOTIFY), between keep-alive comments, and before it ends.
+    "STREAM_POLL_INTERVAL": 1.0,
+    "STREAM_HEARTBEAT": 15.0,
+    "STREAM_MAX_SECONDS": 3600.0,
     # The largest webhook body read, in bytes; larger requests get 413.
     "WEBHOOK_MAX_BODY": 1_048_576,
 }

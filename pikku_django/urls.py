@@ -1,12 +1,14 @@
 """URLs to include in a project: ``path("pikku/", include("pikku_django.urls"))``."""
 
-from django.urls import re_path
+from django.urls import path, re_path
 
-from pikku_django.webhooks.views import webhook
+from pikku_django.views import run_status, run_stream, webhook
 
 app_name = "pikku_django"
 
 urlpatterns = [
+    path("runs/<uuid:run_id>/status", run_status, name="run-status"),
+    path("runs/<uuid:run_id>/stream", run_stream, name="run-stream"),
     # Every declared webhook source's route (default "webhooks/<name>/"); the view
     # answers 404 for a route no source declares.
     # Last, so the app's other URLs come first.

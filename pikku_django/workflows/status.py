@@ -1,0 +1,148 @@
+"""A run's status as the stream and the status endpoint report it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections
+
+from pikku_django.models import TERMINAL_RUN_STATUSES, RunStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows.sql import CHANNEL
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """The run's status and each step's, at one moment."""
+
+    run_id: str
+    workflow: str
+    status: str
+    suspend_reason: str
+    steps: tuple[tuple[str, str, int], ...]  # (name, status, attempt)
+    output: Any = None
+    error: Any = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_RUN_STATUSES
+
+    @property
+    def suspended(self) -> bool:
+        return self.status == RunStatus.SUSPENDED
+
+    def changes_from(self, other: RunSnapshot | None) -> bool:
+        return other is None or (self.status, self.steps) != (other.status, other.steps)
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "run": self.run_id,
+            "workflow": self.workflow,
+            "status": self.status,
+            "steps": [
+                {"name": name, "status": status, "attempt": attempt}
+                for name, status, attempt in self.steps
+            ],
+        }
+        if self.suspended:
+            data["reason"] = self.suspend_reason
+        if self.terminal:
+            data["output"] = self.output
+            data["error"] = (
+                {"type": self.error.get("type"), "message": self.error.get("message")}
+                if isinstance(self.error, dict)
+                else None
+            )
+        return data
+
+
+def snapshot(run_id: uuid.UUID | str, using: str) -> RunSnapshot | None:
+    """Read a run and its steps; None when there is no such run."""
+    run = (
+        WorkflowRun.objects.using(using)
+        .filter(id=run_id)
+        .only("workflow", "status", "suspend_reason", "output", "error")
+        .first()
+    )
+    if run is None:
+        return None
+    steps = tuple(
+        WorkflowStep.objects.using(using)
+        .filter(run_id=run.id)
+        .order_by("id")
+        .values_list("name", "status", "attempt")
+    )
+    return RunSnapshot(
+        run_id=str(run.id),
+        workflow=run.workflow,
+        status=run.status,
+        suspend_reason=run.suspend_reason,
+        steps=steps,
+        output=run.output,
+        error=run.error,
+    )
+
+
+class WorkNotifications:
+    """One PostgreSQL ``LISTEN`` per process, waking every stream waiting on it."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def wait(self, timeout: float) -> None:
+        """Return on the next notification, or after ``timeout`` seconds."""
+        self._ensure_listening()
+        with self._changed:
+            self._changed.wait(timeout)
+
+    def _ensure_listening(self) -> None:
+        if connections[self.using].vendor != "postgresql":
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._listen, name="pikku-stream-listen", daemon=True
+                )
+                self._thread.start()
+
+    def _listen(self) -> None:
+        import time
+
+        template = connections[self.using]
+        while True:
+            conn = type(template)(template.settings_dict, self.using)
+            try:
+                conn.ensure_connection()
+                raw = conn.connection
+                raw.autocommit = True
+                raw.execute(f"LISTEN {CHANNEL}")
+                while True:
+                    for _ in raw.notifies(timeout=5.0, stop_after=1):
+                        with self._changed:
+                            self._changed.notify_all()
+            except Exception:
+                logger.warning("LISTEN for the status stream failed; retrying", exc_info=True)
+                time.sleep(1.0)
+            finally:
+                with contextlib.suppress(Exception):  # the connection is gone either way
+                    conn.close()
+
+
+_notifications: dict[str, WorkNotifications] = {}
+_notifications_lock = threading.Lock()
+
+
+def notifications(using: str) -> WorkNotifications:
+    with _notifications_lock:
+        if using not in _notifications:
+            _notifications[using] = WorkNotifications(using)
+        return _notifications[using]
