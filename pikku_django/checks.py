@@ -22,14 +22,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             checks.Error(
                 "settings.PIKKU must be a dict.",
                 hint="Set PIKKU = {...} with the keys listed in the pikku_django README.",
-                id="pikku.E001",
+                id="pikku_django.E001",
             )
         ]
     return [
         checks.Warning(
             f"settings.PIKKU has an unknown key {key!r}; it is ignored.",
             hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
-            id="pikku.W001",
+            id="pikku_django.W001",
         )
         for key in sorted(set(raw) - set(DEFAULTS))
     ]
@@ -47,7 +47,7 @@ def check_lease_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         errors.append(
             checks.Error(
                 f"PIKKU['LEASE_TTL_MS'] must be a positive int of milliseconds, not {ttl!r}.",
-                id="pikku.E002",
+                id="pikku_django.E002",
             )
         )
     if backend == "database":
@@ -57,7 +57,7 @@ def check_lease_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                 checks.Error(
                     f"PIKKU['LEASE_DATABASE'] is {alias!r}, which is not in DATABASES.",
                     hint="Name an alias from DATABASES (default: 'default').",
-                    id="pikku.E003",
+                    id="pikku_django.E003",
                 )
             )
         else:
@@ -69,7 +69,7 @@ def check_lease_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                         f"SQLite; DATABASES[{alias!r}] uses {engine!r}.",
                         hint="Set PIKKU['LEASE_BACKEND'] to 'redis' or point "
                         "PIKKU['LEASE_DATABASE'] at a supported database.",
-                        id="pikku.E004",
+                        id="pikku_django.E004",
                     )
                 )
     elif backend == "redis":
@@ -80,14 +80,14 @@ def check_lease_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                 checks.Error(
                     "PIKKU['LEASE_BACKEND'] is 'redis' but PIKKU['LEASE_CACHE'] is not set.",
                     hint="Set PIKKU['LEASE_CACHE'] to the CACHES alias of a django-redis cache.",
-                    id="pikku.E005",
+                    id="pikku_django.E005",
                 )
             )
         elif alias not in caches:
             errors.append(
                 checks.Error(
                     f"PIKKU['LEASE_CACHE'] is {alias!r}, which is not in CACHES.",
-                    id="pikku.E006",
+                    id="pikku_django.E006",
                 )
             )
         elif not str(caches[alias].get("BACKEND", "")).startswith("django_redis."):
@@ -96,7 +96,7 @@ def check_lease_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                     f"CACHES[{alias!r}] is not a django-redis cache.",
                     hint="Use BACKEND 'django_redis.cache.RedisCache' "
                     "(pip install 'pikku-django[redis]').",
-                    id="pikku.E007",
+                    id="pikku_django.E007",
                 )
             )
     elif backend not in BACKENDS and not (isinstance(backend, str) and "." in backend):
@@ -104,7 +104,7 @@ def check_lease_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.C
             checks.Error(
                 f"PIKKU['LEASE_BACKEND'] is {backend!r}.",
                 hint=f"Use one of {', '.join(BACKENDS)} or a dotted path to a LeaseService.",
-                id="pikku.E008",
+                id="pikku_django.E008",
             )
         )
     return errors
@@ -121,7 +121,7 @@ def check_workflow_database(app_configs: Any = None, **kwargs: Any) -> list[chec
             checks.Error(
                 f"PIKKU['WORKFLOW_DATABASE'] is {alias!r}, which is not in DATABASES.",
                 hint="Name an alias from DATABASES (default: 'default').",
-                id="pikku.E009",
+                id="pikku_django.E009",
             )
         ]
     db = settings.DATABASES[alias]
@@ -136,7 +136,7 @@ def check_workflow_database(app_configs: Any = None, **kwargs: Any) -> list[chec
                     "with 'database is locked'.",
                     hint='Set OPTIONS = {"transaction_mode": "IMMEDIATE", "timeout": 20, '
                     '"init_command": "PRAGMA journal_mode=WAL;"}.',
-                    id="pikku.W002",
+                    id="pikku_django.W002",
                 )
             )
         concurrency = pikku_settings.WORKER_CONCURRENCY
@@ -148,7 +148,145 @@ def check_workflow_database(app_configs: Any = None, **kwargs: Any) -> list[chec
                     "pikku_worker process can run (a second one exits with an error).",
                     hint="Run one process with more threads (PIKKU['WORKER_CONCURRENCY'], "
                     f"now {concurrency}), or move workflows to PostgreSQL or MariaDB.",
-                    id="pikku.W003",
+                    id="pikku_django.W003",
+                )
+            )
+    return messages
+
+
+@checks.register(checks.Tags.compatibility)
+def check_workflow_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Step defaults, leases and worker settings must be usable."""
+    if not isinstance(getattr(settings, "PIKKU", None) or {}, dict):
+        return []
+    from pikku_django.workflows.durations import parse_duration
+
+    messages: list[checks.CheckMessage] = []
+    try:
+        parse_duration(pikku_settings.STEP_RETRY_DELAY, what="PIKKU['STEP_RETRY_DELAY']")
+    except ValueError as exc:
+        messages.append(checks.Error(str(exc), id="pikku_django.E010"))
+    if pikku_settings.STEP_BACKOFF not in ("fixed", "exponential"):
+        messages.append(
+            checks.Error(
+                f"PIKKU['STEP_BACKOFF'] is {pikku_settings.STEP_BACKOFF!r}.",
+                hint="Use 'fixed' or 'exponential'.",
+                id="pikku_django.E011",
+            )
+        )
+    retries = pikku_settings.STEP_RETRIES
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        messages.append(
+            checks.Error(
+                f"PIKKU['STEP_RETRIES'] must be an int of 0 or more, not {retries!r}.",
+                id="pikku_django.E012",
+            )
+        )
+    lease_settings = {
+        "STEP_LEASE_MS": pikku_settings.STEP_LEASE_MS,
+        "RUN_LEASE_MS": pikku_settings.RUN_LEASE_MS,
+    }
+    queue_leases = pikku_settings.QUEUE_LEASE_MS
+    if not isinstance(queue_leases, dict):
+        messages.append(
+            checks.Error(
+                "PIKKU['QUEUE_LEASE_MS'] must be a dict of queue name to milliseconds.",
+                id="pikku_django.E013",
+            )
+        )
+    else:
+        lease_settings.update({f"QUEUE_LEASE_MS[{q!r}]": v for q, v in queue_leases.items()})
+    for name, value in lease_settings.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            messages.append(
+                checks.Error(
+                    f"PIKKU['{name}'] must be a positive int of milliseconds, not {value!r}.",
+                    id="pikku_django.E014",
+                )
+            )
+    return messages
+
+
+@checks.register(checks.Tags.urls)
+def check_urls_included(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The run stream and webhook sources need the app's URLs."""
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        reverse("pikku_django:run-status", args=["00000000-0000-0000-0000-000000000000"])
+    except NoReverseMatch:
+        return [
+            checks.Warning(
+                "pikku_django's URLs are not included: webhook sources and the run status "
+                "stream are unreachable.",
+                hint='Add path("pikku/", include("pikku_django.urls")) to your URLconf.',
+                id="pikku_django.W004",
+            )
+        ]
+    except Exception:  # a broken URLconf is Django's own check to report
+        return []
+    return []
+
+
+@checks.register(checks.Tags.database)
+def check_database_state(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Migrations applied on the workflow database; verified webhook sources have secrets.
+
+    Runs with ``manage.py check --database default`` (and before ``migrate``).
+    """
+    alias = pikku_settings.WORKFLOW_DATABASE
+    if not databases or alias not in databases or alias not in settings.DATABASES:
+        return []
+    from django.db import DatabaseError, connections
+    from django.db.migrations.executor import MigrationExecutor
+
+    messages: list[checks.CheckMessage] = []
+    try:
+        executor = MigrationExecutor(connections[alias])
+        targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "pikku_django"]
+        pending = executor.migration_plan(targets)
+    except DatabaseError as exc:
+        return [
+            checks.Warning(
+                f"Could not read the migration state of {alias!r}: {exc}",
+                id="pikku_django.W005",
+            )
+        ]
+    if pending:
+        messages.append(
+            checks.Error(
+                f"{len(pending)} pikku_django migration(s) are not applied on {alias!r}.",
+                hint=f"Run: python manage.py migrate pikku_django --database {alias}",
+                id="pikku_django.E015",
+            )
+        )
+        return messages
+    from pikku_django.webhooks.credentials import credential_values
+    from pikku_django.webhooks.sources import sources
+
+    for source in sources():
+        if source.verify is None or not source.credential:
+            continue
+        try:
+            has_secret = bool(credential_values(source.credential))
+        except Exception as exc:
+            messages.append(
+                checks.Error(
+                    f"The secret of webhook source {source.name!r} cannot be read: {exc}",
+                    id="pikku_django.E016",
+                )
+            )
+            continue
+        if not has_secret:
+            messages.append(
+                checks.Warning(
+                    f"Webhook source {source.name!r} verifies requests but its credential "
+                    f"{source.credential!r} has no value: every request is refused (401).",
+                    hint="Set it in the admin (Credential values), with `manage.py "
+                    f"pikku_credentials set {source.credential}`, or in PIKKU['CREDENTIALS'].",
+                    id="pikku_django.W006",
                 )
             )
     return messages

@@ -83,13 +83,13 @@ def test_bad_backend_settings_name_what_to_set(settings: Any, pikku: dict, messa
     ("pikku", "expected"),
     [
         ({}, []),
-        ({"LEASE_BACKEND": "redis"}, ["pikku.E005"]),
-        ({"LEASE_BACKEND": "redis", "LEASE_CACHE": "nope"}, ["pikku.E006"]),
-        ({"LEASE_BACKEND": "redis", "LEASE_CACHE": "default"}, ["pikku.E007"]),
-        ({"LEASE_BACKEND": "carrier-pigeon"}, ["pikku.E008"]),
-        ({"LEASE_DATABASE": "elsewhere"}, ["pikku.E003"]),
-        ({"LEASE_TTL_MS": 0}, ["pikku.E002"]),
-        ({"LEASE_TTL_MS": "30s"}, ["pikku.E002"]),
+        ({"LEASE_BACKEND": "redis"}, ["pikku_django.E005"]),
+        ({"LEASE_BACKEND": "redis", "LEASE_CACHE": "nope"}, ["pikku_django.E006"]),
+        ({"LEASE_BACKEND": "redis", "LEASE_CACHE": "default"}, ["pikku_django.E007"]),
+        ({"LEASE_BACKEND": "carrier-pigeon"}, ["pikku_django.E008"]),
+        ({"LEASE_DATABASE": "elsewhere"}, ["pikku_django.E003"]),
+        ({"LEASE_TTL_MS": 0}, ["pikku_django.E002"]),
+        ({"LEASE_TTL_MS": "30s"}, ["pikku_django.E002"]),
     ],
 )
 def test_lease_backend_check(settings: Any, pikku: dict, expected: list[str]) -> None:
@@ -104,18 +104,18 @@ def test_unsupported_database_engine_is_reported(settings: Any) -> None:
         "oracle": {"ENGINE": "django.db.backends.oracle", "NAME": "x"},
     }
     settings.PIKKU = {"LEASE_DATABASE": "oracle"}
-    assert ids(check_lease_backend()) == ["pikku.E004"]
+    assert ids(check_lease_backend()) == ["pikku_django.E004"]
 
 
 def test_settings_check(settings: Any) -> None:
     settings.PIKKU = ["not", "a", "dict"]
-    assert ids(check_settings()) == ["pikku.E001"]
+    assert ids(check_settings()) == ["pikku_django.E001"]
     settings.PIKKU = {"LEASE_BAKEND": "memory"}
     messages = check_settings()
-    assert ids(messages) == ["pikku.W001"]
+    assert ids(messages) == ["pikku_django.W001"]
     assert "LEASE_BAKEND" in messages[0].msg
 
 
 def test_checks_run_through_django(settings: Any) -> None:
     settings.PIKKU = {"LEASE_BACKEND": "redis"}
-    assert "pikku.E005" in ids(checks.run_checks(tags=[checks.Tags.compatibility]))
+    assert "pikku_django.E005" in ids(checks.run_checks(tags=[checks.Tags.compatibility]))

@@ -1,0 +1,91 @@
+"""``manage.py pikku_prune --older-than 30d``: delete settled runs and old webhook receipts."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+from django.utils import timezone
+
+from pikku_django.conf import pikku_settings
+from pikku_django.models import TERMINAL_RUN_STATUSES, WebhookReceipt, WorkflowRun, WorkflowStep
+from pikku_django.workflows.durations import parse_duration
+
+logger = logging.getLogger("pikku_django.prune")
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete settled workflow runs (completed, failed or cancelled, with their steps and "
+        "attempts) last changed longer ago than --older-than, and webhook receipts received "
+        "before then, in batches. Running and suspended runs, and runs a live parent still "
+        "waits on, are kept. Use --dry-run to see the counts first."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--older-than",
+            required=True,
+            help="Age of what to delete: seconds or text such as 30d, 12h, 90min.",
+        )
+        parser.add_argument("--dry-run", action="store_true", help="Count, delete nothing.")
+        parser.add_argument(
+            "--batch-size", type=int, default=500, help="Rows deleted per transaction (500)."
+        )
+        parser.add_argument(
+            "--database",
+            default=None,
+            help="The DATABASES alias holding workflows (default: PIKKU['WORKFLOW_DATABASE']).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            age = parse_duration(options["older_than"], what="--older-than")
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        if age <= 0:
+            raise CommandError("--older-than must be more than 0")
+        batch = options["batch_size"]
+        if batch < 1:
+            raise CommandError("--batch-size must be at least 1")
+        using = options["database"] or pikku_settings.WORKFLOW_DATABASE
+        cutoff = timezone.now() - timedelta(seconds=age)
+        runs = (
+            WorkflowRun.objects.using(using)
+            .filter(status__in=TERMINAL_RUN_STATUSES, updated_at__lt=cutoff)
+            .exclude(
+                id__in=WorkflowStep.objects.using(using)
+                .filter(child_run__isnull=False)
+                .exclude(run__status__in=TERMINAL_RUN_STATUSES)
+                .values("child_run_id")
+            )
+        )
+        receipts = WebhookReceipt.objects.using(using).filter(received_at__lt=cutoff)
+        if options["dry_run"]:
+            self.stdout.write(
+                f"Would delete {runs.count()} settled runs and {receipts.count()} webhook "
+                f"receipts older than {cutoff:%Y-%m-%d %H:%M:%S %Z}."
+            )
+            return
+        deleted_runs = self._in_batches(runs, batch, using, "runs")
+        deleted_receipts = self._in_batches(receipts, batch, using, "webhook receipts")
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Deleted {deleted_runs} settled runs and {deleted_receipts} webhook receipts "
+                f"older than {cutoff:%Y-%m-%d %H:%M:%S %Z}."
+            )
+        )
+
+    def _in_batches(self, queryset: Any, batch: int, using: str, what: str) -> int:
+        total = 0
+        while True:
+            ids = list(queryset.values_list("pk", flat=True)[:batch])
+            if not ids:
+                return total
+            with transaction.atomic(using=using):
+                queryset.model.objects.using(using).filter(pk__in=ids).delete()
+            total += len(ids)
+            logger.info("Pruned %d %s so far", total, what)

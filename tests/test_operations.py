@@ -1,0 +1,147 @@
+"""System checks for workflows and webhooks, and pikku_prune."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core import checks
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+from django.utils import timezone
+
+from pikku_django.checks import (
+    check_database_state,
+    check_urls_included,
+    check_workflow_database,
+    check_workflow_settings,
+)
+from pikku_django.models import StepAttempt, WebhookReceipt, WorkflowRun, WorkflowStep
+from pikku_django.webhooks import credential_name, set_credential
+from tests.factories import StepAttemptFactory, WorkflowRunFactory, WorkflowStepFactory
+
+
+def ids(messages: list[checks.CheckMessage]) -> list[str]:
+    return [m.id or "" for m in messages]
+
+
+@pytest.mark.parametrize(
+    ("pikku", "expected"),
+    [
+        ({}, []),
+        ({"STEP_RETRY_DELAY": "soon"}, ["pikku_django.E010"]),
+        ({"STEP_BACKOFF": "random"}, ["pikku_django.E011"]),
+        ({"STEP_RETRIES": -1}, ["pikku_django.E012"]),
+        ({"QUEUE_LEASE_MS": ["reports"]}, ["pikku_django.E013"]),
+        ({"STEP_LEASE_MS": 0}, ["pikku_django.E014"]),
+        ({"QUEUE_LEASE_MS": {"reports": "5s"}}, ["pikku_django.E014"]),
+    ],
+)
+def test_workflow_settings_check(settings: Any, pikku: dict, expected: list[str]) -> None:
+    settings.PIKKU = pikku
+    assert ids(check_workflow_settings()) == expected
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_sqlite_checks(settings: Any) -> None:
+    settings.PIKKU = {"WORKER_PROCESSES": 3}
+    assert ids(check_workflow_database()) == ["pikku_django.W003"]
+    databases = {**settings.DATABASES, "plain": {"ENGINE": "django.db.backends.sqlite3"}}
+    with override_settings(DATABASES=databases, PIKKU={"WORKFLOW_DATABASE": "plain"}):
+        assert ids(check_workflow_database()) == ["pikku_django.W002"]
+    settings.PIKKU = {"WORKFLOW_DATABASE": "nowhere"}
+    assert ids(check_workflow_database()) == ["pikku_django.E009"]
+
+
+def test_urls_check(settings: Any) -> None:
+    assert check_urls_included() == []
+    settings.ROOT_URLCONF = "tests.urls_without_pikku"
+    assert ids(check_urls_included()) == ["pikku_django.W004"]
+
+
+@pytest.mark.django_db
+def test_webhook_source_without_secret_is_reported() -> None:
+    from tests import webhook_defs  # noqa: F401  (declares wh-github)
+
+    found = check_database_state(databases=["default"])
+    assert "pikku_django.W006" in ids(found)
+    assert any("wh-github" in m.msg for m in found)
+    set_credential(credential_name("wh-github"), "a secret")
+    assert not any("wh-github" in m.msg for m in check_database_state(databases=["default"]))
+
+
+@pytest.mark.django_db
+def test_database_check_only_runs_for_the_workflow_database() -> None:
+    assert check_database_state(databases=None) == []
+    assert check_database_state(databases=["postgres"]) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unapplied_migrations_are_reported() -> None:
+    call_command("migrate", "pikku_django", "0002", verbosity=0)
+    try:
+        found = check_database_state(databases=["default"])
+        assert ids(found) == ["pikku_django.E015"]
+        assert "migrate pikku_django" in found[0].hint
+    finally:
+        call_command("migrate", "pikku_django", verbosity=0)
+
+
+# -- pikku_prune ------------------------------------------------------------------------
+
+
+def aged(run: WorkflowRun, days: int) -> WorkflowRun:
+    WorkflowRun.objects.filter(id=run.id).update(updated_at=timezone.now() - timedelta(days=days))
+    return run
+
+
+@pytest.mark.django_db
+def test_prune_deletes_settled_old_runs_with_their_steps_and_receipts() -> None:
+    old_done = aged(WorkflowRunFactory(status="completed"), 40)
+    step = WorkflowStepFactory(run=old_done, status="succeeded")
+    StepAttemptFactory(step=step, status="succeeded")
+    old_failed = aged(WorkflowRunFactory(status="failed"), 40)
+    new_done = aged(WorkflowRunFactory(status="completed"), 5)
+    old_running = aged(WorkflowRunFactory(status="running"), 40)
+    old_suspended = aged(WorkflowRunFactory(status="suspended"), 40)
+    parent = WorkflowRunFactory(status="running")
+    child = aged(WorkflowRunFactory(status="completed"), 40)
+    WorkflowStepFactory(run=parent, kind="child", child_run=child, status="succeeded")
+    old_receipt = WebhookReceipt.objects.create(source="s", event="e", provider_id="1")
+    WebhookReceipt.objects.filter(pk=old_receipt.pk).update(
+        received_at=timezone.now() - timedelta(days=40)
+    )
+    WebhookReceipt.objects.create(source="s", event="e", provider_id="2")
+
+    out = StringIO()
+    call_command("pikku_prune", "--older-than", "30d", "--dry-run", stdout=out)
+    assert "Would delete 2 settled runs and 1 webhook receipts" in out.getvalue()
+    assert WorkflowRun.objects.count() == 7
+
+    out = StringIO()
+    call_command("pikku_prune", "--older-than", "30d", "--batch-size", "1", stdout=out)
+    assert "Deleted 2 settled runs and 1 webhook receipts" in out.getvalue()
+    left = set(WorkflowRun.objects.values_list("id", flat=True))
+    assert left == {new_done.id, old_running.id, old_suspended.id, parent.id, child.id}
+    assert old_done.id not in left
+    assert old_failed.id not in left
+    assert not WorkflowStep.objects.filter(run_id=old_done.id).exists()
+    assert not StepAttempt.objects.filter(step_id=step.id).exists()
+    assert list(WebhookReceipt.objects.values_list("provider_id", flat=True)) == ["2"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--older-than", "soon"], "--older-than"),
+        (["--older-than", "0"], "more than 0"),
+        (["--older-than", "1d", "--batch-size", "0"], "batch-size"),
+    ],
+)
+def test_prune_bad_options(args: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("pikku_prune", *args)
