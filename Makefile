@@ -1,5 +1,5 @@
 # The two commands a newcomer needs:
-#   make demo   run the example project on SQLite
+#   make demo   run the example project's story on SQLite (Ctrl-C stops it)
 #   make test   run the test suite (Python 3.11 + Django 5.2, then the newest Django on Python 3.12+)
 # Both create their virtualenvs and install what they need.
 
@@ -13,7 +13,7 @@ PYTHON_LATEST ?= $(call find_python,python3.13 python3.12 $$HOME/.pyenv/versions
 VENV := .venv
 VENV_LATEST := .venv-latest
 
-.PHONY: demo serve test test-main test-latest lint bench clean
+.PHONY: demo demo-leases serve test test-main test-latest lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "No Python 3.11+ found: install one or set PYTHON=/path/to/python3.11"; exit 1; }
@@ -31,8 +31,11 @@ $(VENV_LATEST)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
+	cd example_project && ../$(VENV)/bin/python manage.py story
+
+demo-leases: $(VENV)/.installed
 	cd example_project && ../$(VENV)/bin/python manage.py migrate --no-input -v 0
-	cd example_project && ../$(VENV)/bin/python manage.py demo
+	cd example_project && ../$(VENV)/bin/python manage.py lease_demo
 	cd example_project && ../$(VENV)/bin/python manage.py place_order 42 1999
 	cd example_project && ../$(VENV)/bin/python manage.py pikku_worker --until-idle
 	cd example_project && ../$(VENV)/bin/python manage.py order_status

@@ -255,11 +255,13 @@ def check_database_state(
             )
         ]
     if pending:
+        # A warning, not an error: an error would stop `migrate` itself.
         messages.append(
-            checks.Error(
-                f"{len(pending)} pikku_django migration(s) are not applied on {alias!r}.",
+            checks.Warning(
+                f"{len(pending)} pikku_django migration(s) are not applied on {alias!r}: "
+                "workflows, leases and webhooks fail until they are.",
                 hint=f"Run: python manage.py migrate pikku_django --database {alias}",
-                id="pikku_django.E015",
+                id="pikku_django.W007",
             )
         )
         return messages

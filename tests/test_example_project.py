@@ -25,7 +25,7 @@ def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
 def test_demo_runs_on_a_fresh_sqlite_database(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'example.sqlite3'}"
-    for args in (["check"], ["migrate", "--no-input", "-v", "0"], ["demo", "--ttl-ms", "600"]):
+    for args in (["check"], ["migrate", "--no-input", "-v", "0"], ["lease_demo", "--ttl-ms", "600"]):
         done = run(args, env)
         assert done.returncode == 0, done.stdout + done.stderr
     assert "LeaseTakenError" in done.stdout
@@ -49,3 +49,28 @@ def test_order_workflow_finishes_under_pikku_worker(tmp_path: Path) -> None:
     assert status.stdout.count("Run ") == 1
     assert ": completed" in status.stdout
     assert "TRACK-PARCEL-7" in status.stdout
+
+
+def test_the_story_runs_from_a_signed_push_to_an_approved_deploy(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'story.sqlite3'}"
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "manage.py", "story", "--approve", "--port", str(port)],
+        cwd=EXAMPLE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "{'received': 1}" in out
+    assert "run  suspended: Approve shop:" in out
+    assert "The deploy completed" in out
+    assert '"released": {"environment": "production"' in out

@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "pikku_django",
     "shop",
+    "deploys",
 ]
 
 MIDDLEWARE = [

@@ -1,4 +1,4 @@
-"""``python manage.py demo``: a short tour of pikku_django's fenced leases."""
+"""``python manage.py lease_demo``: a short tour of pikku_django's fenced leases."""
 
 from __future__ import annotations
 
