@@ -25,7 +25,11 @@ def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
 def test_demo_runs_on_a_fresh_sqlite_database(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'example.sqlite3'}"
-    for args in (["check"], ["migrate", "--no-input", "-v", "0"], ["lease_demo", "--ttl-ms", "600"]):
+    for args in (
+        ["check"],
+        ["migrate", "--no-input", "-v", "0"],
+        ["lease_demo", "--ttl-ms", "600"],
+    ):
         done = run(args, env)
         assert done.returncode == 0, done.stdout + done.stderr
     assert "LeaseTakenError" in done.stdout
