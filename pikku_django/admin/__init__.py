@@ -1,3 +1,6 @@
 """Admin screens, one module per concern."""
 
-from pikku_django.admin import leases  # noqa: F401  (registers LeaseAdmin)
+from pikku_django.admin import (  # noqa: F401  (each module registers its admins)
+    leases,
+    workflows,
+)

@@ -4,6 +4,7 @@ from pikku_django.workflows.api import (
     cancel_workflow,
     get_engine,
     resume_workflow,
+    retry_workflow,
     start_workflow,
 )
 from pikku_django.workflows.clock import Clock, FakeClock
@@ -42,6 +43,7 @@ __all__ = [
     "cancel_workflow",
     "get_engine",
     "resume_workflow",
+    "retry_workflow",
     "start_workflow",
     "step",
     "workflow",

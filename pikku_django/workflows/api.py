@@ -54,3 +54,8 @@ def resume_workflow(run_id: uuid.UUID | str, data: Any = None) -> WorkflowRun:
 def cancel_workflow(run_id: uuid.UUID | str) -> WorkflowRun:
     """Cancel a running or suspended run, and the child runs it waits for."""
     return get_engine().cancel(run_id)
+
+
+def retry_workflow(run_id: uuid.UUID | str) -> WorkflowRun:
+    """Retry a failed run from the step that failed it: one more attempt, history kept."""
+    return get_engine().retry(run_id)

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import uuid
@@ -59,6 +60,9 @@ logger = logging.getLogger(__name__)
 
 #: How long a pass whose run lease is held elsewhere waits before trying again.
 LEASE_TAKEN_RETRY = timedelta(seconds=1)
+
+#: The name ``ctx.do(..., on_error=...)`` gives a compensation step: ``<step>:on_error``.
+COMPENSATION_NAME = re.compile(r"(?P<step>.+):on_error(?:#\d+)?")
 
 
 def to_json(value: Any, what: str) -> Any:
@@ -296,6 +300,129 @@ class WorkflowEngine:
             if root != run.id:
                 self.drive_inline(root)
         return self.get_run(run.id)
+
+    def retry(self, run_id: uuid.UUID | str) -> WorkflowRun:
+        """Retry a failed run from the step whose failure failed it.
+
+        That step (and its compensation, if that failed too) is given one more
+        attempt, which a worker claims as usual: earlier attempts stay in the
+        history. A failed child run behind a child step is retried with it. A run
+        that failed outside any step (its body raised) is woken to replay.
+        WorkflowRunStateError if the run is not failed.
+        """
+        run = self.get_run(run_id)
+        with self.atomic():
+            reopened = self._reopen_failed_run(run)
+            if not run.inline:
+                self.notify()
+        logger.info("Retrying workflow run %s (steps: %s)", run.id, ", ".join(reopened) or "none")
+        if run.inline:
+            return self.drive_inline(run.id)
+        return self.get_run(run.id)
+
+    def _reopen_failed_run(self, run: WorkflowRun) -> list[str]:
+        """Set a failed run running again and reopen its failed steps: their names."""
+        now = self.clock.now()
+        changed = (
+            self.runs()
+            .filter(id=run.id, status=RunStatus.FAILED)
+            .update(
+                status=RunStatus.RUNNING,
+                output=None,
+                error=None,
+                suspend_reason="",
+                wake_at=None if run.inline else now,
+                wakes=F("wakes") + 1,
+                updated_at=timezone.now(),
+            )
+        )
+        if not changed:
+            current = self.get_run(run.id)
+            raise WorkflowRunStateError(
+                f"Run {run.id} is {current.status}, not failed: only a failed run is retried"
+            )
+        steps = self._steps_that_failed_run(run.id)
+        for step in steps:
+            self._reopen_step(step, now)
+        return [step.name for step in steps]
+
+    def _steps_that_failed_run(self, run_id: uuid.UUID) -> list[WorkflowStep]:
+        """The last step the run reached, if its failure was final, with its failed compensation.
+
+        Replay creates steps in the order the workflow reaches them, so the step
+        whose failure ended the run is the last one but for its compensation;
+        failures the workflow caught and carried on from are left as they are.
+        """
+        steps = list(self.steps().filter(run_id=run_id).order_by("id"))
+        names = {step.name for step in steps}
+
+        def compensates(step: WorkflowStep) -> str | None:
+            match = COMPENSATION_NAME.fullmatch(step.name)
+            return match["step"] if match and match["step"] in names else None
+
+        def failed_for_good(step: WorkflowStep) -> bool:
+            return step.status == StepStatus.FAILED and step.attempt >= step.attempts_allowed
+
+        reached = [step for step in steps if compensates(step) is None]
+        if not reached or not failed_for_good(reached[-1]):
+            return []
+        last = reached[-1]
+        return [last] + [s for s in steps if compensates(s) == last.name and failed_for_good(s)]
+
+    def _reopen_step(self, step: WorkflowStep, now: datetime) -> None:
+        """Give a finally failed step one more attempt (a child step: wait for its child again)."""
+        if step.kind == StepKind.CHILD:
+            self._reopen_child_step(step)
+            return
+        won = (
+            self.steps()
+            .filter(id=step.id, status=StepStatus.FAILED, attempt=step.attempt)
+            .update(
+                retries=step.attempt,  # attempt < retries + 1: claimable once more
+                available_at=now,
+                lease_expires_at=None,
+                updated_at=timezone.now(),
+            )
+        )
+        if not won:
+            raise WorkflowRunStateError(
+                f"Step {step.name!r} of run {step.run_id} changed while it was being retried"
+            )
+
+    def _reopen_child_step(self, step: WorkflowStep) -> None:
+        child = self.runs().filter(id=step.child_run_id).first() if step.child_run_id else None
+        if child is None or child.status == RunStatus.CANCELLED:
+            what = "no longer exists" if child is None else f"{child.id} was cancelled"
+            raise WorkflowRunStateError(
+                f"Step {step.name!r} of run {step.run_id} waited for a child run that {what}: "
+                "it cannot be retried; start a new run"
+            )
+        attempt = step.attempt + 1
+        won = (
+            self.steps()
+            .filter(id=step.id, status=StepStatus.FAILED, attempt=step.attempt)
+            .update(
+                status=StepStatus.RUNNING,
+                attempt=attempt,
+                retries=step.retries + 1,
+                result=None,
+                error=None,
+                lease_expires_at=None,  # parked on its child run, as when it started
+                updated_at=timezone.now(),
+            )
+        )
+        if not won:
+            raise WorkflowRunStateError(
+                f"Step {step.name!r} of run {step.run_id} changed while it was being retried"
+            )
+        self.attempts().create(step_id=step.id, attempt=attempt, status=StepStatus.RUNNING)
+        step.status, step.attempt, step.retries = StepStatus.RUNNING, attempt, step.retries + 1
+        if child.status == RunStatus.FAILED:
+            self._reopen_failed_run(child)
+        elif child.status == RunStatus.COMPLETED:
+            # Retried on its own meanwhile: its output settles the step now.
+            self._finish_marker(step, StepStatus.SUCCEEDED, result=child.output)
+        # A child running again (retried on its own) settles the step when it ends.
 
     def _inline_root(self, run_id: uuid.UUID) -> uuid.UUID:
         """The top run of the tree of parent runs that ``run_id`` is a child of."""
