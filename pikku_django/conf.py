@@ -49,6 +49,9 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_PROCESSES": 1,
     "WORKER_POLL_INTERVAL": 1.0,
     "WORKER_NOTIFY": True,
+    # Seconds between pikku_worker's progress lines (claimed, finished, failed,
+    # retried, recovered).
+    "WORKER_PROGRESS_INTERVAL": 60.0,
     # Recovery inside pikku_worker: every RECOVERY_INTERVAL seconds one worker
     # wakes runs that have had nothing in flight for STALLED_RUN_AFTER seconds.
     # (Steps whose worker died are reclaimed as soon as their lease lapses.)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import re
 import socket
@@ -54,9 +53,10 @@ from pikku_django.workflows.errors import (
     WorkflowStepSupersededError,
     serialize_error,
 )
+from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.sql import notify_work
 
-logger = logging.getLogger(__name__)
+logger = workflow_logger(__name__)
 
 #: How long a pass whose run lease is held elsewhere waits before trying again.
 LEASE_TAKEN_RETRY = timedelta(seconds=1)
@@ -103,6 +103,8 @@ class ClaimedStep:
     transactional: bool
     lease_ms: int
     queue: str
+    #: Whether the step was taken from a worker whose lease lapsed (a recovery).
+    reclaimed: bool = False
 
 
 def default_worker_id() -> str:
@@ -443,6 +445,10 @@ class WorkflowEngine:
 
     def orchestrate(self, run_id: uuid.UUID | str) -> None:
         """One orchestration pass over a run, holding the run's lease."""
+        with log_context(run_id=str(run_id), step=None, attempt=None):
+            self._orchestrate(run_id)
+
+    def _orchestrate(self, run_id: uuid.UUID | str) -> None:
         run = self.runs().filter(id=run_id).only("status", "inline").first()
         if run is None or run.status != RunStatus.RUNNING:
             return  # settled or suspended: not replayed, no lease taken
@@ -923,6 +929,7 @@ class WorkflowEngine:
             transactional=step.transactional,
             lease_ms=lease_ms,
             queue=step.queue,
+            reclaimed=step.status == StepStatus.RUNNING,
         )
 
     def _fail_lease_expired(self, step: WorkflowStep, guard: Q) -> None:
@@ -1046,15 +1053,25 @@ class WorkflowEngine:
 
     # -- executing a claimed step ------------------------------------------------------
 
-    def execute_step(self, claimed: ClaimedStep) -> None:
-        """Run a claimed queued step and record its outcome, fenced by its attempt."""
-        definition = registry.get_step(claimed.function)
-        if definition is None:
-            self._function_missing(claimed)
-            return
-        self._execute(claimed, definition.fn, wake=True)
+    def execute_step(self, claimed: ClaimedStep) -> str:
+        """Run a claimed queued step and record its outcome, fenced by its attempt.
 
-    def _execute(self, claimed: ClaimedStep, fn: Callable[..., Any], *, wake: bool) -> None:
+        Returns what happened: ``succeeded``, ``retrying``, ``failed``, ``superseded``
+        or ``suspended`` (its function is missing).
+        """
+        definition = registry.get_step(claimed.function)
+        with log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt):
+            if definition is None:
+                return self._function_missing(claimed)
+            return self._execute(claimed, definition.fn, wake=True)
+
+    def _execute(self, claimed: ClaimedStep, fn: Callable[..., Any], *, wake: bool) -> str:
+        with log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt):
+            return self._execute_in_context(claimed, fn, wake=wake)
+
+    def _execute_in_context(
+        self, claimed: ClaimedStep, fn: Callable[..., Any], *, wake: bool
+    ) -> str:
         what = f"The result of step {claimed.name!r}"
         try:
             if claimed.transactional:
@@ -1070,11 +1087,12 @@ class WorkflowEngine:
                 self.set_step_result(claimed.step_id, result, claimed.attempt, wake=wake)
         except WorkflowStepSupersededError as exc:
             logger.warning("%s: its result was not recorded", exc)
+            return "superseded"
         except StepFunctionNotFoundError:
-            self._function_missing(claimed)
+            return self._function_missing(claimed)
         except Exception as exc:
             try:
-                self.set_step_error(
+                exhausted = self.set_step_error(
                     claimed.step_id,
                     exc,
                     claimed.attempt,
@@ -1083,10 +1101,12 @@ class WorkflowEngine:
                 )
             except WorkflowStepSupersededError as superseded:
                 logger.warning("%s: its error was not recorded", superseded)
-            else:
-                logger.info("Step %s attempt %d failed: %s", claimed.name, claimed.attempt, exc)
+                return "superseded"
+            logger.info("Step %s attempt %d failed: %s", claimed.name, claimed.attempt, exc)
+            return "failed" if exhausted else "retrying"
+        return "succeeded"
 
-    def _function_missing(self, claimed: ClaimedStep) -> None:
+    def _function_missing(self, claimed: ClaimedStep) -> str:
         """The current attempt's function is missing: suspend the run (RPC_NOT_FOUND)."""
         error = serialize_error(StepFunctionNotFoundError(claimed.function))
         with self.atomic():
@@ -1110,9 +1130,10 @@ class WorkflowEngine:
                 claimed.name,
                 claimed.function,
             )
-            return
+            return "superseded"
         run = self.runs().get(id=claimed.run_id)
         self._suspend_run(run, f"RPC_NOT_FOUND: {error['message']}")
+        return "suspended"
 
     # -- finding work --------------------------------------------------------------
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -20,9 +19,10 @@ from pikku_django.dbclock import EpochMs
 from pikku_django.leases import HeldLease, LeaseTakenError, hold_lease
 from pikku_django.models import RunStatus, StepKind, StepStatus
 from pikku_django.workflows.engine import ClaimedStep, WorkflowEngine
+from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.sql import CHANNEL
 
-logger = logging.getLogger(__name__)
+logger = workflow_logger(__name__)
 
 #: Leases shorter than this still renew every half lease, with one warning.
 SHORT_LEASE_MS = 1_000
@@ -164,6 +164,11 @@ class Worker:
         self.passes = 0
         self.steps = 0
         self.errors = 0
+        #: Progress counters: claimed steps, and how each claimed step ended.
+        self.counts = dict.fromkeys(
+            ("claimed", "finished", "failed", "retried", "recovered", "superseded"), 0
+        )
+        self.progress_interval = float(pikku_settings.WORKER_PROGRESS_INTERVAL)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -194,7 +199,7 @@ class Worker:
             while any(t.is_alive() for t in threads):
                 for t in threads:
                     t.join(timeout=0.2)
-                if time.monotonic() - last_report >= 60:
+                if time.monotonic() - last_report >= self.progress_interval:
                     last_report = time.monotonic()
                     self._report()
                 if time.monotonic() - last_sweep >= self.recovery_interval:
@@ -243,7 +248,9 @@ class Worker:
             )
             if lease is None:
                 return 0
-            return wake_stalled_runs(self.engine, self.stalled_after)
+            woken = wake_stalled_runs(self.engine, self.stalled_after)
+            self._count("recovered", woken)
+            return woken
         except Exception:
             logger.exception(
                 "The recovery sweep failed; it runs again in %gs", self.recovery_interval
@@ -252,12 +259,23 @@ class Worker:
         finally:
             connections.close_all()
 
+    def _count(self, what: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[what] += n
+
     def _report(self) -> None:
+        c = self.counts
         logger.info(
-            "pikku_worker %s: %d passes, %d steps, %d errors so far",
+            "pikku_worker %s progress: %d passes; steps claimed %d, finished %d, failed %d, "
+            "retried %d, recovered %d, superseded %d; %d errors",
             self.name,
             self.passes,
-            self.steps,
+            c["claimed"],
+            c["finished"],
+            c["failed"],
+            c["retried"],
+            c["recovered"],
+            c["superseded"],
             self.errors,
         )
 
@@ -329,10 +347,26 @@ class Worker:
         ):
             with self._lock:
                 self._in_flight[claimed.step_id] = claimed
+            outcome = "failed"
+            self._count("claimed")
+            if claimed.reclaimed:
+                self._count("recovered")
             try:
-                with keep_step_lease(engine, claimed):
-                    engine.execute_step(claimed)
+                with (
+                    log_context(
+                        run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt
+                    ),
+                    keep_step_lease(engine, claimed),
+                ):
+                    outcome = engine.execute_step(claimed)
             finally:
+                self._count(
+                    {
+                        "succeeded": "finished",
+                        "retrying": "retried",
+                        "superseded": "superseded",
+                    }.get(outcome, "failed")
+                )
                 with self._lock:
                     self._in_flight.pop(claimed.step_id, None)
             self.steps += 1
