@@ -2,5 +2,6 @@
 
 from pikku_django.admin import (  # noqa: F401  (each module registers its admins)
     leases,
+    webhooks,
     workflows,
 )

@@ -195,15 +195,28 @@ def disable(name: str) -> Outcome:
     row.enabled = False
     row.save(update_fields=["enabled", "updated_at"])
     source = get_source(name)
-    if source is None or source.teardown is None or not row.state:
+    dev = _dev_registrations()
+    # After a database reset, what development registered is known only from its file.
+    state = row.state or ((dev or {}).get(name) or {}).get("state")
+    if state and (source is None or source.teardown is None):
+        why = "no longer declared" if source is None else "it declares no teardown"
+        label = f"{row.label_prefix}:{name}" if row.label_prefix else name
+        return _record(
+            row,
+            "disabled",
+            f"{why}, so it cannot be torn down: remove {label} "
+            f"({json.dumps(state, sort_keys=True)}) from the provider by hand",
+            None,
+        )
+    if source is None or source.teardown is None or not state:
         return _record(row, "disabled", "", None)
     ctx = _context(source, row)
+    ctx.state = state
     try:
         source.teardown(ctx)
     except Exception as exc:
         logger.exception("teardown of webhook source %s failed", name)
-        return _record(row, "error", f"teardown failed: {exc}")
-    dev = _dev_registrations()
+        return _record(row, "error", f"teardown failed: {exc}", state)
     if dev is not None and name in dev:
         del dev[name]
         _save_dev_registrations(dev)

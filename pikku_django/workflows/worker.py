@@ -329,7 +329,9 @@ class Worker:
                 except Exception:
                     logger.debug("Could not look up the next due time", exc_info=True)
                 with self._work:
-                    self._work.wait(max(wait, 0.005))
+                    # Checked under the lock stop() notifies under: no lost wake-up.
+                    if not self.stopping.is_set():
+                        self._work.wait(max(wait, 0.005))
         finally:
             connections.close_all()
 
