@@ -1,0 +1,16 @@
+"""The baseline's table: one row per request, written with one INSERT."""
+
+from django.db import models
+
+
+class RawDelivery(models.Model):
+    """A request body as it came, under the delivery id the sender gave it."""
+
+    delivery = models.CharField(max_length=255)
+    body = models.BinaryField()
+
+    class Meta:
+        db_table = "pikku_bench_webhook_raw"
+
+    def __str__(self) -> str:
+        return self.delivery
