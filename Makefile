@@ -54,7 +54,7 @@ test-main: $(VENV)/.installed
 
 test-latest: $(VENV_LATEST)/.installed
 	$(VENV_LATEST)/bin/python -c "import django, sys; print('Python', sys.version.split()[0], 'Django', django.__version__)"
-	$(VENV_LATEST)/bin/pytest
+	PIKKU_TEST_BACKENDS=sqlite,postgres $(VENV_LATEST)/bin/pytest
 
 test: lint test-main test-latest
 

@@ -77,6 +77,38 @@ def spawn_settings_dict(alias: str) -> dict[str, object]:
     return dict(connections[alias].settings_dict)
 
 
+#: Words in a test's id that tie it to one backend.
+BACKEND_WORDS = {
+    "sqlite": ("sqlite",),
+    "postgres": ("postgres",),
+    "mariadb": ("mariadb", "mysql"),
+    "redis": ("redis",),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """PIKKU_TEST_BACKENDS=sqlite,postgres runs only those backends' tests (and the
+    backend-free ones); the others are deselected, not skipped."""
+    wanted = os.environ.get("PIKKU_TEST_BACKENDS", "").strip()
+    if not wanted:
+        return
+    keep = {name.strip() for name in wanted.split(",") if name.strip()}
+    unknown = keep - set(BACKEND_WORDS)
+    if unknown:
+        raise pytest.UsageError(
+            f"PIKKU_TEST_BACKENDS names unknown backends {sorted(unknown)}; "
+            f"use any of {sorted(BACKEND_WORDS)}"
+        )
+    dropped_words = [w for name, words in BACKEND_WORDS.items() if name not in keep for w in words]
+    selected, deselected = [], []
+    for item in items:
+        nodeid = item.nodeid.lower()
+        (deselected if any(w in nodeid for w in dropped_words) else selected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Under CI a skipped test is a failure: every backend must run."""
     if not IN_CI:
