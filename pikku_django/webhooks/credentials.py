@@ -8,6 +8,7 @@ from ``SECRET_KEY``. ``PIKKU['CREDENTIALS']`` may give values in settings instea
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import re
 from collections.abc import Iterable
@@ -94,23 +95,38 @@ def set_credential(name: str, value: str, *, replace: bool = False) -> Any:
         )
 
 
+def configured_values(name: str) -> list[str]:
+    """The values of ``name`` given in ``PIKKU['CREDENTIALS']``."""
+    configured = (pikku_settings.CREDENTIALS or {}).get(name)
+    if isinstance(configured, str):
+        return [configured]
+    if isinstance(configured, Iterable):
+        return [str(v) for v in configured if v]
+    return []
+
+
 def credential_values(name: str) -> list[str]:
     """Every active value of ``name``: from settings, then the database (newest first)."""
     from pikku_django.models import CredentialValue
 
-    configured = (pikku_settings.CREDENTIALS or {}).get(name)
-    values: list[str] = []
-    if isinstance(configured, str):
-        values.append(configured)
-    elif isinstance(configured, Iterable):
-        values.extend(str(v) for v in configured if v)
-    values.extend(
+    return configured_values(name) + [
         decrypt(token)
         for token in CredentialValue.objects.filter(credential=name, active=True)
         .order_by("-created_at")
         .values_list("ciphertext", flat=True)
-    )
-    return values
+    ]
+
+
+def decrypt_cached(token: str) -> str:
+    """:func:`decrypt`, remembered per key set and ciphertext (a webhook's hot path)."""
+    keys = pikku_settings.CREDENTIAL_KEYS
+    key_id = tuple(keys) if isinstance(keys, list | tuple) else (keys, settings.SECRET_KEY)
+    return _decrypt_once(key_id, token)
+
+
+@functools.lru_cache(maxsize=512)
+def _decrypt_once(key_id: tuple[Any, ...], token: str) -> str:
+    return decrypt(token)
 
 
 def rotate_encryption() -> int:
@@ -124,3 +140,25 @@ def rotate_encryption() -> int:
         row.save(update_fields=["ciphertext"])
         count += 1
     return count
+
+
+def source_state(source_name: str, credential: str | None, using: str = "default") -> Any:
+    """Whether a source is enabled, and its credential's active values, in one query.
+
+    Returns ``(enabled, values)``; ``enabled`` is None for an unknown source.
+    """
+    from django.db import connections
+
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT s.enabled, c.ciphertext FROM pikku_trigger_source s "
+            "LEFT JOIN pikku_credential_value c ON c.credential = %s AND c.active = %s "
+            "WHERE s.name = %s ORDER BY c.created_at DESC",
+            [credential or "", True, source_name],
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        return None, []
+    values = configured_values(credential) if credential else []
+    values += [decrypt_cached(token) for _, token in rows if token]
+    return bool(rows[0][0]), values

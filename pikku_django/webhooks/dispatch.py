@@ -11,6 +11,8 @@ from django.db import IntegrityError, transaction
 
 from pikku_django.models import WebhookReceipt
 from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, handler_for
+from pikku_django.workflows.engine import to_json
+from pikku_django.workflows.errors import NotSerializableError
 from pikku_django.workflows.registry import get_step, step, workflow
 
 logger = logging.getLogger(__name__)
@@ -73,24 +75,35 @@ def accept_events(
             "data": event.data,
         }
         try:
+            payload = to_json(payload, f"Event {source.name}:{event.name}")
+        except NotSerializableError:
+            logger.warning(
+                "Webhook %s:%s %s: its data is not JSON; dropped",
+                source.name,
+                event.name,
+                provider_id,
+            )
+            continue
+        key = f"webhook:{source.name}:{event.name}:{provider_id}"[:255]
+        if handler.workflow is not None:
+            workflow_name, run_input = handler.workflow, payload
+        else:
+            workflow_name, run_input = (
+                DISPATCH_WORKFLOW,
+                {"handler": handler.step, "event": payload},
+            )
+        try:
+            # The run first (MariaDB checks foreign keys at once), then the receipt,
+            # whose unique (source, event, provider id) refuses a redelivery.
             with transaction.atomic(using=engine.using):
-                receipt = WebhookReceipt.objects.using(engine.using).create(
+                run = engine.create_run(workflow_name, run_input, idempotency_key=key)
+                WebhookReceipt.objects.using(engine.using).create(
                     source=source.name,
                     event=event.name,
                     provider_id=provider_id,
-                    data=event.data,
+                    data=payload["data"],
+                    run=run,
                 )
-                key = f"webhook:{source.name}:{event.name}:{provider_id}"[:255]
-                if handler.workflow is not None:
-                    run = engine.start(handler.workflow, payload, idempotency_key=key)
-                else:
-                    run = engine.start(
-                        DISPATCH_WORKFLOW,
-                        {"handler": handler.step, "event": payload},
-                        idempotency_key=key,
-                    )
-                receipt.run = run
-                receipt.save(update_fields=["run"])
         except IntegrityError:
             logger.info(
                 "Webhook %s:%s %s was already received; not dispatched again",

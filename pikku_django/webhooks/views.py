@@ -11,8 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from pikku_django.conf import pikku_settings
-from pikku_django.models import TriggerSource
-from pikku_django.webhooks.credentials import credential_values
+from pikku_django.webhooks.credentials import source_state
 from pikku_django.webhooks.sources import (
     ReceiveContext,
     Received,
@@ -89,8 +88,8 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
     source = source_for_route(route)
     if source is None:
         return _error(404, "no such webhook source")
-    row = TriggerSource.objects.filter(name=source.name).only("enabled").first()
-    if row is None or not row.enabled:
+    enabled, secrets = source_state(source.name, source.credential)
+    if not enabled:
         return _error(404, "no such webhook source")
     if request.method == "HEAD":
         return HttpResponse(status=200)
@@ -104,7 +103,6 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
     verified = False
     if body:
         if source.verify is not None:
-            secrets = credential_values(source.credential or "")
             if not secrets:
                 logger.warning(
                     "Webhook %s refused: credential %r has no value",

@@ -221,6 +221,23 @@ class WorkflowEngine:
             return self.drive_inline(run.id)
         return run
 
+    def create_run(
+        self, workflow: str, payload: Any, *, idempotency_key: str | None = None
+    ) -> WorkflowRun:
+        """Insert a run of a registered workflow, due now, in the caller's transaction.
+
+        No idempotency look-up first: the caller's own unique constraint (or this
+        run's) decides. ``payload`` must already be plain JSON.
+        """
+        run = self.runs().create(
+            workflow=workflow,
+            input=payload,
+            idempotency_key=idempotency_key,
+            wake_at=self.clock.now(),
+        )
+        self.notify()
+        return run
+
     def get_run(self, run_id: uuid.UUID | str) -> WorkflowRun:
         try:
             return self.runs().get(id=run_id)
