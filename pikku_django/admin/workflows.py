@@ -34,7 +34,7 @@ from django.contrib.admin.utils import NestedObjects
 from django.contrib.auth import get_permission_codename
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponseBase
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import capfirst
@@ -142,6 +142,14 @@ def format_lease_left(left: int | None) -> str:
     if left > 0:
         return _("%(ms)s ms") % {"ms": f"{left:,}"}
     return _("lapsed %(ms)s ms ago") % {"ms": f"{-left:,}"}
+
+
+def run_stream_url(run: WorkflowRun) -> str | None:
+    """The run's live status stream, or None when the project did not include our URLs."""
+    try:
+        return reverse("pikku_django:run-stream", args=[run.pk])
+    except NoReverseMatch:
+        return None
 
 
 def admin_link(obj: Model, text: Any = None) -> SafeString:
@@ -532,6 +540,7 @@ class WorkflowRunAdmin(WorkflowDatabaseMixin, admin.ModelAdmin):
     ) -> Any:
         if obj is not None:
             context["pikku_timeline"] = build_timeline(obj, workflow_database())
+            context["pikku_stream_url"] = run_stream_url(obj)
         return super().render_change_form(request, context, add, change, form_url, obj)
 
 

@@ -1,0 +1,221 @@
+/*
+ * pikku_django: follow a workflow run live on its admin page.
+ *
+ * Plain JavaScript, no build step. Reads the run's status stream
+ * (GET <pikku urls>/runs/<id>/stream, server-sent events) named by the
+ * panel's data-stream-url and keeps the panel up to date:
+ *
+ *   init, update  the run's status and its steps ({name, status, attempt})
+ *   suspended     the reason the run waits for
+ *   done          the final status, output and error; the stream is closed
+ *
+ * Everything from the stream is written as text (textContent), never as markup.
+ * When the stream drops, a quiet note says so and EventSource reconnects by
+ * itself; the next frame clears the note. The panel's data-state says where
+ * the stream is: off, connecting, live, paused, stopped or done.
+ */
+(function () {
+  "use strict";
+
+  var EMPTY = "-";
+
+  function $(id) {
+    return document.getElementById(id);
+  }
+
+  function show(element, visible) {
+    if (element) {
+      element.hidden = !visible;
+    }
+  }
+
+  function text(element, value) {
+    if (element) {
+      element.textContent = value === undefined || value === null ? EMPTY : String(value);
+    }
+  }
+
+  function statusClass(status) {
+    return "pikku-status-" + String(status).replace(/[^A-Za-z0-9_-]/g, "");
+  }
+
+  function pretty(value) {
+    if (value === undefined || value === null) {
+      return EMPTY;
+    }
+    try {
+      return JSON.stringify(value, null, 2);
+    } catch (e) {
+      return String(value);
+    }
+  }
+
+  function follow(panel) {
+    var url = panel.getAttribute("data-stream-url");
+    if (!url || typeof window.EventSource !== "function") {
+      return;
+    }
+    var note = $("pikku-live-note");
+    var statusEl = $("pikku-run-status");
+    var reasonRow = $("pikku-run-reason-row");
+    var reasonEl = $("pikku-run-reason");
+    var outputRow = $("pikku-run-output-row");
+    var outputEl = $("pikku-run-output");
+    var errorRow = $("pikku-run-error-row");
+    var errorEl = $("pikku-run-error");
+    var tbody = panel.querySelector("#pikku-live-steps tbody");
+    var finished = false;
+
+    function setState(state, message) {
+      panel.setAttribute("data-state", state);
+      if (message) {
+        text(note, message);
+      }
+      show(note, Boolean(message));
+    }
+
+    function setStatus(status) {
+      if (!statusEl || status === undefined || status === null) {
+        return;
+      }
+      text(statusEl, status);
+      statusEl.className = statusClass(status);
+    }
+
+    function setReason(reason) {
+      text(reasonEl, reason);
+      show(reasonRow, true);
+    }
+
+    function cell(row, index, value, className) {
+      var td = row.cells[index];
+      text(td, value);
+      td.className = className || "";
+    }
+
+    function newRow(name) {
+      var row = document.createElement("tr");
+      row.className = "pikku-live-step";
+      row.setAttribute("data-step", name);
+      for (var i = 0; i < 4; i++) {
+        row.appendChild(document.createElement("td"));
+      }
+      return row;
+    }
+
+    function renderSteps(steps) {
+      if (!tbody || !Array.isArray(steps)) {
+        return;
+      }
+      for (var i = 0; i < steps.length; i++) {
+        var step = steps[i] || {};
+        var name = String(step.name);
+        var row = tbody.rows[i];
+        if (!row || row.getAttribute("data-step") !== name) {
+          var fresh = newRow(name);
+          if (row) {
+            tbody.replaceChild(fresh, row);
+          } else {
+            tbody.appendChild(fresh);
+          }
+          row = fresh;
+        }
+        cell(row, 0, i + 1);
+        cell(row, 1, name);
+        cell(row, 2, step.status, statusClass(step.status));
+        cell(row, 3, step.attempt);
+      }
+      while (tbody.rows.length > steps.length) {
+        tbody.deleteRow(-1);
+      }
+    }
+
+    function render(run) {
+      setStatus(run.status);
+      if (run.status === "suspended") {
+        if (Object.prototype.hasOwnProperty.call(run, "reason")) {
+          setReason(run.reason);
+        }
+      } else {
+        show(reasonRow, false);
+      }
+      renderSteps(run.steps);
+    }
+
+    function finish(run) {
+      render(run);
+      text(outputEl, pretty(run.output));
+      show(outputRow, run.output !== undefined && run.output !== null);
+      var error = run.error;
+      if (error) {
+        var parts = [error.type, error.message].filter(function (part) {
+          return part !== undefined && part !== null && part !== "";
+        });
+        text(errorEl, parts.length ? parts.join(": ") : pretty(error));
+      }
+      show(errorRow, Boolean(error));
+    }
+
+    function on(event, handle) {
+      source.addEventListener(event, function (message) {
+        var data;
+        try {
+          data = JSON.parse(message.data);
+        } catch (e) {
+          return; // not a frame we understand
+        }
+        if (data && typeof data === "object") {
+          setState(finished ? "done" : "live");
+          handle(data);
+        }
+      });
+    }
+
+    panel.hidden = false;
+    show(document.querySelector(".pikku-live-only"), true);
+    setState("connecting");
+    var source = new EventSource(url);
+
+    source.addEventListener("open", function () {
+      if (!finished) {
+        setState("live");
+      }
+    });
+    on("init", render);
+    on("update", render);
+    on("suspended", function (data) {
+      setStatus("suspended");
+      setReason(data.reason);
+    });
+    on("done", function (data) {
+      finished = true;
+      source.close();
+      setState("done");
+      finish(data);
+    });
+    source.addEventListener("error", function () {
+      if (finished) {
+        return;
+      }
+      if (source.readyState === EventSource.CLOSED) {
+        // Refused (not a 200 event stream): EventSource gives up for good.
+        setState("stopped", panel.getAttribute("data-text-stopped"));
+      } else {
+        setState("paused", panel.getAttribute("data-text-paused"));
+      }
+    });
+  }
+
+  function ready() {
+    var panel = $("pikku-live");
+    if (panel) {
+      follow(panel);
+    }
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", ready);
+  } else {
+    ready();
+  }
+})();
