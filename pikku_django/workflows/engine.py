@@ -983,24 +983,13 @@ class WorkflowEngine:
         except NotSerializableError as exc:
             self.set_step_error(step_id, exc, attempt, wake=wake, final=True)
             return
-        with self.atomic():
-            won = (
-                self.steps()
-                .filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
-                .update(
-                    status=StepStatus.SUCCEEDED,
-                    result=payload,
-                    error=None,
-                    lease_expires_at=None,
-                    available_at=None,
-                    updated_at=timezone.now(),
-                )
-            )
-            if not won:
-                raise WorkflowStepSupersededError(step_id, attempt)
-            self.attempts().filter(step_id=step_id, attempt=attempt).update(
-                status=StepStatus.SUCCEEDED, result=payload, finished_at=timezone.now()
-            )
+        self._settle_attempt(
+            step_id,
+            attempt,
+            StepStatus.SUCCEEDED,
+            step_fields={"result": payload, "error": None, "available_at": None},
+            attempt_fields={"result": payload},
+        )
         if wake:
             self._wake_run_of(step_id)
 
@@ -1028,31 +1017,52 @@ class WorkflowEngine:
             raise WorkflowStepSupersededError(step_id, attempt)
         exhausted = final or attempt >= step.attempts_allowed
         retry_at = None if exhausted else self.clock.now() + retry_delay_for(step, attempt)
-        with self.atomic():
-            won = (
-                self.steps()
-                .filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
-                .update(
-                    status=StepStatus.FAILED,
-                    error=data,
-                    result=None,
-                    lease_expires_at=None,
-                    available_at=retry_at,
-                    # A final failure spends the remaining attempts, so nothing retries it.
-                    retries=attempt - 1 if final else F("retries"),
-                    updated_at=timezone.now(),
-                )
-            )
-            if not won:
-                raise WorkflowStepSupersededError(step_id, attempt)
-            self.attempts().filter(step_id=step_id, attempt=attempt).update(
-                status=StepStatus.FAILED, error=data, finished_at=timezone.now()
-            )
+        self._settle_attempt(
+            step_id,
+            attempt,
+            StepStatus.FAILED,
+            step_fields={
+                "error": data,
+                "result": None,
+                "available_at": retry_at,
+                # A final failure spends the remaining attempts, so nothing retries it.
+                "retries": attempt - 1 if final else F("retries"),
+            },
+            attempt_fields={"error": data},
+        )
         if exhausted and wake:
             self.wake_run(step.run_id)
         elif not exhausted:
             self.notify()
         return exhausted
+
+    def _settle_attempt(
+        self,
+        step_id: int,
+        attempt: int,
+        status: str,
+        *,
+        step_fields: dict[str, Any],
+        attempt_fields: dict[str, Any],
+    ) -> None:
+        """Write an attempt's outcome on its step and its history row, fenced: only while
+        the step is still running under ``attempt`` (else WorkflowStepSupersededError)."""
+        with self.atomic():
+            won = (
+                self.steps()
+                .filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
+                .update(
+                    status=status,
+                    lease_expires_at=None,
+                    updated_at=timezone.now(),
+                    **step_fields,
+                )
+            )
+            if not won:
+                raise WorkflowStepSupersededError(step_id, attempt)
+            self.attempts().filter(step_id=step_id, attempt=attempt).update(
+                status=status, finished_at=timezone.now(), **attempt_fields
+            )
 
     def refresh_step_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:
         """Extend (or, with None, park) the claim of ``attempt``; False once it was replaced."""
