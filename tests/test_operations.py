@@ -145,3 +145,25 @@ def test_prune_deletes_settled_old_runs_with_their_steps_and_receipts() -> None:
 def test_prune_bad_options(args: list[str], message: str) -> None:
     with pytest.raises(CommandError, match=message):
         call_command("pikku_prune", *args)
+
+
+@pytest.mark.django_db
+def test_unreadable_secret_is_reported() -> None:
+    from pikku_django.models import CredentialValue
+    from tests import webhook_defs  # noqa: F401  (declares wh-github)
+
+    CredentialValue.objects.create(credential="whGithubWebhookSecret", ciphertext="not-fernet")
+    found = check_database_state(databases=["default"])
+    assert "pikku_django.E016" in ids(found)
+
+
+@pytest.mark.django_db
+def test_unreadable_migration_state_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db import DatabaseError
+    from django.db.migrations import executor
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise DatabaseError("no such table: django_migrations")
+
+    monkeypatch.setattr(executor.MigrationExecutor, "__init__", broken)
+    assert ids(check_database_state(databases=["default"])) == ["pikku_django.W005"]
