@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "pikku_django",
     "tests.testapp",
+    "tests.chaosapp",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

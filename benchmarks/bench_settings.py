@@ -1,0 +1,74 @@
+"""Settings for ``benchmarks/throughput.py``, ``benchmarks/chaos.py`` and their workers.
+
+Import it with ``benchmarks/`` on ``sys.path`` (the scripts do, and set
+``PYTHONPATH`` for the ``pikku_worker`` processes they start). The environment
+picks the database and the timings; every PIKKU key not named here keeps its
+documented default:
+
+    PIKKU_BENCH_WORKFLOWS_URL     default postgres://postgres@127.0.0.1:5432/pikku_bench_workflows
+    PIKKU_BENCH_CONN_MAX_AGE      default 60     (DATABASES CONN_MAX_AGE, seconds)
+    PIKKU_BENCH_STEP_LEASE_MS     default 60000  (PIKKU["STEP_LEASE_MS"])
+    PIKKU_BENCH_RUN_LEASE_MS      default 30000  (PIKKU["RUN_LEASE_MS"])
+    PIKKU_BENCH_RUN_PASS_TIMEOUT  default 300    (PIKKU["RUN_PASS_TIMEOUT"], seconds)
+    PIKKU_BENCH_POLL              default 1.0    (PIKKU["WORKER_POLL_INTERVAL"], seconds)
+    PIKKU_BENCH_RECOVERY_INTERVAL default 30     (PIKKU["RECOVERY_INTERVAL"], seconds)
+    PIKKU_BENCH_STALLED_RUN_AFTER default 300    (PIKKU["STALLED_RUN_AFTER"], seconds)
+    PIKKU_BENCH_LOG_LEVEL         default WARNING (the pikku_django logger)
+
+A database of its own, not ``pikku_bench``: a worker gives a pass to every
+running run in its database, and suspends runs of workflows it does not know
+(WORKFLOW_NOT_FOUND), so benchmarks sharing one database would take each
+other's runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dj_database_url
+
+POSTGRES_URL = os.environ.get(
+    "PIKKU_BENCH_WORKFLOWS_URL", "postgres://postgres@127.0.0.1:5432/pikku_bench_workflows"
+)
+
+SECRET_KEY = "pikku-bench-not-secret"  # noqa: S105
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = ["pikku_django", "bench_app"]
+DATABASES = {
+    "default": dj_database_url.parse(
+        POSTGRES_URL, conn_max_age=int(os.environ.get("PIKKU_BENCH_CONN_MAX_AGE", "60"))
+    )
+}
+DATABASES["default"]["OPTIONS"] = {"connect_timeout": 5}
+PIKKU = {
+    "LEASE_BACKEND": "database",
+    "STEP_LEASE_MS": int(os.environ.get("PIKKU_BENCH_STEP_LEASE_MS", "60000")),
+    "RUN_LEASE_MS": int(os.environ.get("PIKKU_BENCH_RUN_LEASE_MS", "30000")),
+    "RUN_PASS_TIMEOUT": float(os.environ.get("PIKKU_BENCH_RUN_PASS_TIMEOUT", "300")),
+    "WORKER_POLL_INTERVAL": float(os.environ.get("PIKKU_BENCH_POLL", "1.0")),
+    "RECOVERY_INTERVAL": float(os.environ.get("PIKKU_BENCH_RECOVERY_INTERVAL", "30")),
+    "STALLED_RUN_AFTER": float(os.environ.get("PIKKU_BENCH_STALLED_RUN_AFTER", "300")),
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "stamped": {
+            "format": "%(asctime)s.%(msecs)03d %(name)s %(message)s",
+            "datefmt": "%H:%M:%S",
+        }
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "stamped"}},
+    "loggers": {
+        "pikku_django": {
+            "handlers": ["console"],
+            "level": os.environ.get("PIKKU_BENCH_LOG_LEVEL", "WARNING"),
+        },
+        # The worker's start line and its stop, without a line per run or step.
+        "pikku_django.worker": {"level": "INFO"},
+        "pikku_django.workflows.worker": {"level": "INFO"},
+    },
+}
