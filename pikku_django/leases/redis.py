@@ -185,7 +185,3 @@ class RedisLeaseService(LeaseService):
             return None
         holder = row[0].decode() if isinstance(row[0], bytes) else row[0]
         return Lease(key, holder, int(row[1]), int(row[2]))
-
-    def close(self) -> None:
-        # The client's pool belongs to django-redis and is shared with the cache.
-        pass

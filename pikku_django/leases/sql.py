@@ -7,6 +7,7 @@ database's clock; SQLite is single-host, so it is handed this process's clock.
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -17,24 +18,27 @@ from pikku_django.leases.base import now_ms
 Row = tuple[int, int]  # (token, expires_at)
 
 
-class LeaseSQL:
+class LeaseSQL(abc.ABC):
     """One vendor's lease statements."""
 
     vendor = ""
     judged_on_store_clock = True
 
+    @abc.abstractmethod
     def acquire(self, cursor: Any, key: str, holder: str, ttl_ms: int) -> Row | None:
-        raise NotImplementedError
+        """Take or extend the lease: (token, expires_at), or None while another holds it."""
 
+    @abc.abstractmethod
     def refresh(self, cursor: Any, key: str, holder: str, token: int, ttl_ms: int) -> int | None:
         """The new expiry, or None when the lease is not live under this holder and token."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def release(self, cursor: Any, key: str, holder: str, token: int) -> bool:
-        raise NotImplementedError
+        """Lapse the lease if it is still live under this holder and token."""
 
+    @abc.abstractmethod
     def get(self, cursor: Any, key: str) -> tuple[str, int, int] | None:
-        raise NotImplementedError
+        """(holder, token, expires_at) of the live lease, or None."""
 
 
 class PostgreSQLLeaseSQL(LeaseSQL):
