@@ -50,6 +50,7 @@ figure and the machine, Python, Django and server versions.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import json
 import logging
@@ -270,7 +271,7 @@ class RedisLockClient:
 # --- backends ------------------------------------------------------------------------------
 
 
-class Backend:
+class Backend(abc.ABC):
     """One store: how to set it up, build ours and the baseline, and clean up."""
 
     name = ""
@@ -282,16 +283,18 @@ class Backend:
         self.service: Any = None
         self.server_version = ""
 
+    @abc.abstractmethod
     def prepare(self) -> None:
-        raise NotImplementedError
+        """Connect, create the scratch tables, and build ``self.service``."""
 
     def ours(self, key: str, holder: str) -> Client:
         return ServiceClient(self.service, key, holder)
 
+    @abc.abstractmethod
     def baseline(self, key: str, holder: str) -> Client:
-        raise NotImplementedError
+        """A client doing the same pairs with the backend's own raw means."""
 
-    def reset(self) -> None:
+    def reset(self) -> None:  # noqa: B027  (optional: most backends start each case fresh)
         """Forget every lease of both sides."""
 
     def still_held(self) -> int:
@@ -308,8 +311,7 @@ def reachable(name: str, url: str) -> None:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORTS[name]
     try:
-        with socket.create_connection((host, port), timeout=2):
-            pass
+        socket.create_connection((host, port), timeout=2).close()
     except OSError as exc:
         raise Unavailable(
             f"not reachable at {host}:{port} ({exc}); start it or set {ENV_VARS[name]}"
@@ -614,7 +616,7 @@ def run_segment(
                     won[i] += 1
                 pairs[i] += 1
         except threading.BrokenBarrierError:
-            pass
+            return  # another client failed and aborted the start; its error is recorded
         except BaseException as exc:
             errors.append(exc)
             start.abort()

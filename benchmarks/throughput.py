@@ -530,8 +530,9 @@ def measure_dbos(procs: Processes, n: int, args: argparse.Namespace) -> dict[str
                 stdout=subprocess.PIPE,
             )
         for name in names:
-            while read_line(procs.procs[name], args.timeout, f"{name} to launch") != "ready":
-                pass
+            line = ""
+            while line != "ready":  # skip what the worker prints before it is ready
+                line = read_line(procs.procs[name], args.timeout, f"{name} to launch")
         before = server_transactions(DBOS_URL)
         started = time.time()
         for name in names:

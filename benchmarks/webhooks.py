@@ -684,7 +684,7 @@ def cpu_model() -> str | None:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
-        pass
+        return platform.processor() or None
     return platform.processor() or None
 
 

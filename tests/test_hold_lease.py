@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -120,7 +121,7 @@ def test_default_ttl_and_service_come_from_settings(settings: object) -> None:
     with pytest.raises(LeaseTakenError):
         get_lease_service().acquire("other", "x", 10_000)
         with hold_lease("other"):
-            pass
+            pytest.fail("hold_lease entered a block on a taken key")
 
 
 def test_lease_outside_with_block_is_an_error() -> None:
@@ -136,12 +137,10 @@ def test_many_holders_only_one_enters() -> None:
 
     def worker(i: int) -> None:
         barrier.wait()
-        try:
-            with hold_lease("job", service=service, ttl_ms=TTL):
-                entered.append(i)
-                time.sleep(0.2)
-        except LeaseTakenError:
-            pass
+        # The others are refused at once.
+        with contextlib.suppress(LeaseTakenError), hold_lease("job", service=service, ttl_ms=TTL):
+            entered.append(i)
+            time.sleep(0.2)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
     for t in threads:

@@ -16,7 +16,7 @@ HOUR = 3_600_000
 
 
 class Boom(Exception):
-    pass
+    """Raised to roll a test's atomic block back."""
 
 
 @pytest.fixture(params=["postgres", "mariadb"])

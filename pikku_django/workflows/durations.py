@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from datetime import timedelta
@@ -59,10 +60,8 @@ def _parse_text(text: str, what: str) -> float:
     s = text.strip().lower()
     if not s:
         raise ValueError(f"{what} is empty")
-    try:
-        return float(s)
-    except ValueError:
-        pass
+    with contextlib.suppress(ValueError):
+        return float(s)  # plain seconds
     total = 0.0
     pos = 0
     while pos < len(s):
