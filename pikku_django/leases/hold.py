@@ -12,6 +12,7 @@ from typing import Any, TypeVar, overload
 
 from pikku_django.leases.base import Lease, LeaseService, check_key, check_ttl
 from pikku_django.leases.errors import LeaseLostError, LeaseTakenError
+from pikku_django.timers import Timer, call_later
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +31,9 @@ class HeldLease:
     """A lease held for the length of a ``with`` block, renewed every ttl/3.
 
     ``lost`` is a :class:`threading.Event` set the moment the lease is seen to be
-    lost; ``lease`` is the latest renewed value. Leaving the block stops renewing,
-    checks the lease once more, releases it, and raises :class:`LeaseLostError`
-    if it was lost at any point while the block ran.
+    lost; ``lease`` is the latest renewed value. Leaving the block stops renewing
+    and releases the lease; a release that finds it no longer this live lease (or
+    a loss seen earlier) raises :class:`LeaseLostError`.
     """
 
     def __init__(
@@ -54,7 +55,10 @@ class HeldLease:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._lease: Lease | None = None
+        self._held_until = 0.0
+        self._thread_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._timer: Timer | None = None
 
     @property
     def lease(self) -> Lease:
@@ -69,22 +73,26 @@ class HeldLease:
         return self.lease.token
 
     def __enter__(self) -> HeldLease:
+        asked_at = time.monotonic()
         lease = self.service.acquire(self.key, self.holder, self.ttl_ms)
         if lease is None:
             raise LeaseTakenError(self.key)
         self._lease = lease
-        self._thread = threading.Thread(
-            target=self._keep_alive, name=f"pikku-lease:{self.key}", daemon=True
+        self._held_until = asked_at + self.ttl_ms / 1000
+        # No thread until the first renewal is due: most blocks end before it.
+        self._timer = call_later(
+            renewal_interval_s(self.ttl_ms), self._keep_alive, name=f"pikku-lease:{self.key}"
         )
-        self._thread.start()
         return self
 
     def _renew(self) -> bool:
         """True while the lease is ours; False once another holder has it. May raise."""
         with self._lock:
+            asked_at = time.monotonic()
             renewed = self.service.refresh(self.lease, self.ttl_ms)
             if renewed is not None:
                 self._lease = renewed
+                self._held_until = asked_at + self.ttl_ms / 1000
             return renewed is not None
 
     def _mark_lost(self, why: str) -> None:
@@ -93,24 +101,25 @@ class HeldLease:
             self.lost.set()
 
     def _keep_alive(self) -> None:
+        """Renew every ttl/3 until stopped, on the thread the first due renewal started."""
+        with self._thread_lock:
+            if self._stop.is_set():
+                return
+            self._thread = threading.current_thread()
         try:
             interval = renewal_interval_s(self.ttl_ms)
-            held_until = time.monotonic() + self.ttl_ms / 1000
             while not self.lost.is_set():
-                if self._stop.wait(interval):
-                    return
-                renewed_at = time.monotonic()
                 try:
                     held = self._renew()
                 except Exception:
                     logger.warning("Renewing lease %r failed; will retry", self.key, exc_info=True)
-                    if time.monotonic() >= held_until:
+                    if time.monotonic() >= self._held_until:
                         self._mark_lost("renewals kept failing past its expiry")
-                    continue
-                if held:
-                    held_until = renewed_at + self.ttl_ms / 1000
                 else:
-                    self._mark_lost("another holder has it")
+                    if not held:
+                        self._mark_lost("another holder has it")
+                if self._stop.wait(interval):
+                    return
         except BaseException:
             logger.exception(
                 "The renewal thread of lease %r died; counting the lease lost", self.key
@@ -119,8 +128,12 @@ class HeldLease:
 
     def _stop_renewing(self) -> None:
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._thread_lock:
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     def __exit__(
         self,
@@ -128,26 +141,19 @@ class HeldLease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._stop_renewing()
         try:
-            self._stop_renewing()
-            if exc_type is None:
-                # The last renewal may be a third of a lease old: check once more
-                # before vouching that the block ran under the lease.
-                try:
-                    still_held = not self.lost.is_set() and self._renew()
-                except Exception:
-                    logger.warning("Final check of lease %r failed", self.key, exc_info=True)
-                    still_held = False
-                if not still_held:
-                    self._mark_lost("it was not ours when the block finished")
-                    raise LeaseLostError(self.key)
-        finally:
-            try:
-                self.service.release(self.lease)
-            except Exception:
-                logger.warning(
-                    "Releasing lease %r failed; it lapses by itself", self.key, exc_info=True
-                )
+            released = self.service.release(self.lease)
+        except Exception:
+            logger.warning(
+                "Releasing lease %r failed; it lapses by itself", self.key, exc_info=True
+            )
+            # The store could not say: judge by the last acquire or renewal instead.
+            released = time.monotonic() < self._held_until
+        if exc_type is None and (self.lost.is_set() or not released):
+            # Released means it was still this live lease: the block ran under it.
+            self._mark_lost("it was not ours when the block finished")
+            raise LeaseLostError(self.key)
 
 
 @overload

@@ -8,6 +8,7 @@ that lost its claim can never overwrite the attempt that replaced it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -54,7 +55,14 @@ from pikku_django.workflows.errors import (
     serialize_error,
 )
 from pikku_django.workflows.logcontext import log_context, workflow_logger
-from pikku_django.workflows.sql import notify_work
+from pikku_django.workflows.sql import (
+    WAKE_NONE,
+    WAKE_NOW,
+    WAKE_PASS,
+    NewStep,
+    notify_work,
+    step_writes,
+)
 
 logger = workflow_logger(__name__)
 
@@ -135,6 +143,7 @@ class WorkflowEngine:
         self._leases = leases
         self.clock = clock or Clock()
         self._sqlite_claims = threading.Lock()
+        self.writes = step_writes(self)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -801,20 +810,10 @@ class WorkflowEngine:
         run = ctx.run
         if step is None:
             payload = to_json(data, f"The input of step {name!r}")
-            step = self._create_step(
-                run,
-                name=name,
-                kind=StepKind.INLINE,
-                function=options.function,
-                input=payload,
-                status=StepStatus.PENDING,
-                retries=options.retries,
-                retry_delay=options.retry_delay,
-                backoff=options.backoff,
-                queue=options.queue,
-                transactional=options.transactional,
-                available_at=self.clock.now(),
-            )
+            first = self._first_inline_attempt(run, name, options, payload)
+            if not isinstance(first, WorkflowStep):
+                return first.result
+            step = first
             ctx._remember(step)
         while True:
             if step.status == StepStatus.SUCCEEDED:
@@ -834,6 +833,94 @@ class WorkflowEngine:
             self._execute(claimed, options.fn, wake=False)
             step = self.steps().get(id=step.id)
             ctx._remember(step)
+
+    def _first_inline_attempt(
+        self, run: WorkflowRun, name: str, options: StepOptions, payload: Any
+    ) -> _Settled | WorkflowStep:
+        """Run a new inline step's first attempt, then write the step with its outcome.
+
+        Nothing is written before the function returns: a crash meanwhile leaves no
+        row, and the next pass runs the step again, as it would a lapsed attempt.
+        Returns the result, or the step as stored when it failed (or another pass of
+        the run stored it first) for the caller to carry on from.
+        """
+        new = NewStep(
+            run_id=run.id,
+            name=name,
+            kind=StepKind.INLINE,
+            function=options.function,
+            input=payload,
+            retries=options.retries,
+            retry_delay=options.retry_delay,
+            backoff=options.backoff,
+            queue=options.queue,
+            transactional=options.transactional,
+        )
+        worker = default_worker_id()
+        started = timezone.now()
+        assert options.fn is not None
+        what = f"The result of step {name!r}"
+        with log_context(run_id=str(run.id), step=name, attempt=1):
+            try:
+                if options.transactional:
+                    # The function's writes and the step's row commit together.
+                    with self.atomic():
+                        result = to_json(registry.call_step_function(options.fn, payload), what)
+                        stored = self.writes.insert_settled(
+                            new,
+                            status=StepStatus.SUCCEEDED,
+                            result=result,
+                            error=None,
+                            available_at=None,
+                            worker=worker,
+                            started_at=started,
+                        )
+                        if stored is None:
+                            raise _StepExistsError
+                else:
+                    result = to_json(registry.call_step_function(options.fn, payload), what)
+                    stored = self.writes.insert_settled(
+                        new,
+                        status=StepStatus.SUCCEEDED,
+                        result=result,
+                        error=None,
+                        available_at=None,
+                        worker=worker,
+                        started_at=started,
+                    )
+                if stored is not None:
+                    return _Settled(result)
+                logger.warning("Step %s was stored by another pass; its result stands", name)
+            except _StepExistsError:
+                logger.warning("Step %s was stored by another pass; its result stands", name)
+            except StepFunctionNotFoundError as exc:
+                self._create_step(
+                    run,
+                    **_step_columns(new),
+                    status=StepStatus.SUSPENDED,
+                    error=serialize_error(exc),
+                )
+                self._suspend_run(run, f"RPC_NOT_FOUND: {exc}")
+                raise Pause(None) from None
+            except Exception as exc:
+                final = isinstance(exc, NotSerializableError)
+                exhausted = final or options.retries < 1
+                delay = retry_delay_for(
+                    WorkflowStep(retry_delay=options.retry_delay, backoff=options.backoff), 1
+                )
+                if final:
+                    new = dataclasses.replace(new, retries=0)
+                self.writes.insert_settled(
+                    new,
+                    status=StepStatus.FAILED,
+                    result=None,
+                    error=serialize_error(exc),
+                    available_at=None if exhausted else self.clock.now() + delay,
+                    worker=worker,
+                    started_at=started,
+                )
+                logger.info("Step %s attempt 1 failed: %s", name, exc)
+        return self.steps().get(run_id=run.id, name=name)
 
     def _claim_inline(self, step: WorkflowStep) -> ClaimedStep | None:
         """A new attempt of an inline step (the run lease keeps other passes out)."""
@@ -975,23 +1062,23 @@ class WorkflowEngine:
     # -- fenced writes ------------------------------------------------------------
 
     def set_step_result(
-        self, step_id: int, result: Any, attempt: int, *, wake: bool = True
+        self, step_id: int, result: Any, attempt: int, *, wake: bool | str = True
     ) -> None:
-        """Record the result of ``attempt``; WorkflowStepSupersededError if it was replaced."""
+        """Record the result of ``attempt``; WorkflowStepSupersededError if it was replaced.
+
+        ``wake`` wakes the step's run for any worker (True), not at all (False), or
+        ``"pass"``: marks it as passed next by this thread.
+        """
         try:
             payload = to_json(result, f"The result of step {step_id}")
         except NotSerializableError as exc:
-            self.set_step_error(step_id, exc, attempt, wake=wake, final=True)
+            self.set_step_error(step_id, exc, attempt, wake=bool(wake), final=True)
             return
-        self._settle_attempt(
-            step_id,
-            attempt,
-            StepStatus.SUCCEEDED,
-            step_fields={"result": payload, "error": None, "available_at": None},
-            attempt_fields={"result": payload},
+        run_id = self.writes.settle(
+            step_id, attempt, StepStatus.SUCCEEDED, result=payload, wake=_wake_mode(wake)
         )
-        if wake:
-            self._wake_run_of(step_id)
+        if run_id is None:
+            raise WorkflowStepSupersededError(step_id, attempt)
 
     def set_step_error(
         self,
@@ -1007,62 +1094,26 @@ class WorkflowEngine:
         Raises WorkflowStepSupersededError if the attempt was replaced.
         """
         data = serialize_error(error) if isinstance(error, BaseException) else dict(error)
-        step = (
-            self.steps()
-            .filter(id=step_id)
-            .only("retries", "retry_delay", "backoff", "run_id")
-            .first()
-        )
+        step = self.steps().filter(id=step_id).only("retries", "retry_delay", "backoff").first()
         if step is None:
             raise WorkflowStepSupersededError(step_id, attempt)
         exhausted = final or attempt >= step.attempts_allowed
         retry_at = None if exhausted else self.clock.now() + retry_delay_for(step, attempt)
-        self._settle_attempt(
+        run_id = self.writes.settle(
             step_id,
             attempt,
             StepStatus.FAILED,
-            step_fields={
-                "error": data,
-                "result": None,
-                "available_at": retry_at,
-                # A final failure spends the remaining attempts, so nothing retries it.
-                "retries": attempt - 1 if final else F("retries"),
-            },
-            attempt_fields={"error": data},
+            error=data,
+            available_at=retry_at,
+            # A final failure spends the remaining attempts, so nothing retries it.
+            retries=attempt - 1 if final else None,
+            wake=WAKE_NOW if exhausted and wake else WAKE_NONE,
         )
-        if exhausted and wake:
-            self.wake_run(step.run_id)
-        elif not exhausted:
+        if run_id is None:
+            raise WorkflowStepSupersededError(step_id, attempt)
+        if not exhausted:
             self.notify()
         return exhausted
-
-    def _settle_attempt(
-        self,
-        step_id: int,
-        attempt: int,
-        status: str,
-        *,
-        step_fields: dict[str, Any],
-        attempt_fields: dict[str, Any],
-    ) -> None:
-        """Write an attempt's outcome on its step and its history row, fenced: only while
-        the step is still running under ``attempt`` (else WorkflowStepSupersededError)."""
-        with self.atomic():
-            won = (
-                self.steps()
-                .filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
-                .update(
-                    status=status,
-                    lease_expires_at=None,
-                    updated_at=timezone.now(),
-                    **step_fields,
-                )
-            )
-            if not won:
-                raise WorkflowStepSupersededError(step_id, attempt)
-            self.attempts().filter(step_id=step_id, attempt=attempt).update(
-                status=status, finished_at=timezone.now(), **attempt_fields
-            )
 
     def refresh_step_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:
         """Extend (or, with None, park) the claim of ``attempt``; False once it was replaced."""
@@ -1073,31 +1124,27 @@ class WorkflowEngine:
             .update(lease_expires_at=expires)
         )
 
-    def _wake_run_of(self, step_id: int) -> None:
-        run_id = self.steps().filter(id=step_id).values_list("run_id", flat=True).first()
-        if run_id is not None:
-            self.wake_run(run_id)
-
     # -- executing a claimed step ------------------------------------------------------
 
-    def execute_step(self, claimed: ClaimedStep) -> str:
+    def execute_step(self, claimed: ClaimedStep, *, wake: bool | str = True) -> str:
         """Run a claimed queued step and record its outcome, fenced by its attempt.
 
         Returns what happened: ``succeeded``, ``retrying``, ``failed``, ``superseded``
-        or ``suspended`` (its function is missing).
+        or ``suspended`` (its function is missing). ``wake="pass"`` leaves the run
+        of a succeeded step for this thread to pass next (see :meth:`continue_run`).
         """
         definition = registry.get_step(claimed.function)
         with log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt):
             if definition is None:
                 return self._function_missing(claimed)
-            return self._execute(claimed, definition.fn, wake=True)
+            return self._execute_in_context(claimed, definition.fn, wake=wake)
 
     def _execute(self, claimed: ClaimedStep, fn: Callable[..., Any], *, wake: bool) -> str:
         with log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt):
             return self._execute_in_context(claimed, fn, wake=wake)
 
     def _execute_in_context(
-        self, claimed: ClaimedStep, fn: Callable[..., Any], *, wake: bool
+        self, claimed: ClaimedStep, fn: Callable[..., Any], *, wake: bool | str
     ) -> str:
         what = f"The result of step {claimed.name!r}"
         try:
@@ -1106,9 +1153,7 @@ class WorkflowEngine:
                 # not at all: a superseded attempt's writes roll back.
                 with self.atomic():
                     result = to_json(registry.call_step_function(fn, claimed.input), what)
-                    self.set_step_result(claimed.step_id, result, claimed.attempt, wake=False)
-                if wake:
-                    self._wake_run_of(claimed.step_id)
+                    self.set_step_result(claimed.step_id, result, claimed.attempt, wake=wake)
             else:
                 result = to_json(registry.call_step_function(fn, claimed.input), what)
                 self.set_step_result(claimed.step_id, result, claimed.attempt, wake=wake)
@@ -1123,7 +1168,7 @@ class WorkflowEngine:
                     claimed.step_id,
                     exc,
                     claimed.attempt,
-                    wake=wake,
+                    wake=bool(wake),
                     final=isinstance(exc, NotSerializableError),
                 )
             except WorkflowStepSupersededError as superseded:
@@ -1323,6 +1368,25 @@ class WorkflowEngine:
             .values_list("available_at", flat=True)
         ]
         return min(dues) if dues else None
+
+
+@dataclass(frozen=True)
+class _Settled:
+    result: Any
+
+
+class _StepExistsError(Exception):
+    """The step was stored by another pass: roll back this attempt's writes."""
+
+
+def _step_columns(step: NewStep) -> dict[str, Any]:
+    return {f.name: getattr(step, f.name) for f in dataclasses.fields(step) if f.name != "run_id"}
+
+
+def _wake_mode(wake: bool | str) -> str:
+    if wake == "pass":
+        return WAKE_PASS
+    return WAKE_NOW if wake else WAKE_NONE
 
 
 class _NullLock:

@@ -1,8 +1,28 @@
-"""The workflow engine's vendor-specific SQL: waking idle workers on PostgreSQL."""
+"""The workflow engine's writes on its hot path, and waking idle workers.
+
+Each write here is one atomic unit. :class:`StepWrites` does it with the ORM in a
+transaction on every database; :class:`PostgresStepWrites` does the same as a
+single statement (data-modifying CTEs), so it needs no BEGIN or COMMIT round trip
+of its own and commits once.
+"""
 
 from __future__ import annotations
 
-from django.db import connections
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from pikku_django.dbclock import POSTGRESQL_NOW_MS, EpochMs
+from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
+
+if TYPE_CHECKING:
+    from pikku_django.workflows.engine import WorkflowEngine
 
 #: The PostgreSQL channel that new work is announced on.
 CHANNEL = "pikku_work"
@@ -19,3 +39,364 @@ def notify_work(using: str) -> None:
 
 def listen_sql() -> str:
     return f"LISTEN {CHANNEL}"
+
+
+@dataclass(frozen=True)
+class NewStep:
+    """The columns of a step row written with its first attempt."""
+
+    run_id: uuid.UUID
+    name: str
+    kind: str
+    function: str
+    input: Any
+    retries: int
+    retry_delay: float
+    backoff: str
+    queue: str
+    transactional: bool
+
+
+#: What a settled attempt does to its run: nothing, wake it for any worker now
+#: (and announce it), or mark it as passed by this thread next.
+WAKE_NONE, WAKE_NOW, WAKE_PASS = "none", "now", "pass"
+
+
+class StepWrites:
+    """Hot-path writes through the ORM, each in one transaction."""
+
+    def __init__(self, engine: WorkflowEngine) -> None:
+        self.engine = engine
+        self.using = engine.using
+
+    def _run_wake(self, wake: str) -> tuple[datetime, int] | None:
+        from pikku_django.conf import pikku_settings
+
+        now = self.engine.clock.now()
+        if wake == WAKE_NOW:
+            return now, 1
+        if wake == WAKE_PASS:
+            return now + timedelta(seconds=pikku_settings.RUN_PASS_TIMEOUT), 1
+        return None
+
+    def insert_settled(
+        self,
+        step: NewStep,
+        *,
+        status: str,
+        result: Any,
+        error: Any,
+        available_at: datetime | None,
+        worker: str,
+        started_at: datetime,
+    ) -> int | None:
+        """Insert a step with its first attempt already settled; None if the step exists."""
+        now = timezone.now()
+        try:
+            with transaction.atomic(using=self.using):
+                row = WorkflowStep.objects.using(self.using).create(
+                    **_step_columns(step),
+                    status=status,
+                    result=result,
+                    error=error,
+                    attempt=1,
+                    available_at=available_at,
+                )
+                StepAttempt.objects.using(self.using).create(
+                    step_id=row.id,
+                    attempt=1,
+                    status=status,
+                    result=result,
+                    error=error,
+                    worker=worker[:255],
+                    finished_at=now,
+                )
+                # auto_now_add cannot be set on create: the attempt started earlier.
+                StepAttempt.objects.using(self.using).filter(step_id=row.id, attempt=1).update(
+                    started_at=started_at
+                )
+        except IntegrityError:
+            return None
+        return row.id
+
+    def insert_claimed(
+        self, step: NewStep, *, lease_ms: int, worker: str, park_wakes: int
+    ) -> int | None:
+        """Insert a step running as attempt 1 under this worker's lease, and park its
+        run unless it was woken since ``park_wakes``; None (nothing written) if the
+        step exists."""
+        try:
+            with transaction.atomic(using=self.using):
+                row = WorkflowStep.objects.using(self.using).create(
+                    **_step_columns(step),
+                    status=StepStatus.RUNNING,
+                    attempt=1,
+                    available_at=None,
+                    lease_expires_at=EpochMs() + int(lease_ms),
+                )
+                StepAttempt.objects.using(self.using).create(
+                    step_id=row.id, attempt=1, status=StepStatus.RUNNING, worker=worker[:255]
+                )
+                WorkflowRun.objects.using(self.using).filter(
+                    id=step.run_id, status=RunStatus.RUNNING, wakes=park_wakes
+                ).update(wake_at=None, updated_at=timezone.now())
+        except IntegrityError:
+            return None
+        return row.id
+
+    def settle(
+        self,
+        step_id: int,
+        attempt: int,
+        status: str,
+        *,
+        result: Any = None,
+        error: Any = None,
+        available_at: datetime | None = None,
+        retries: int | None = None,
+        wake: str = WAKE_NONE,
+    ) -> uuid.UUID | None:
+        """Write an attempt's outcome on its step and history row, fenced by ``attempt``
+        (only while the step is still running under it), and wake its run as asked.
+
+        The run's id, or None if the attempt was superseded (nothing written).
+        """
+        now = timezone.now()
+        with transaction.atomic(using=self.using):
+            steps = WorkflowStep.objects.using(self.using)
+            run_id = (
+                steps.filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
+                .select_for_update()
+                .values_list("run_id", flat=True)
+                .first()
+            )
+            if run_id is None:
+                return None
+            steps.filter(id=step_id).update(
+                status=status,
+                lease_expires_at=None,
+                updated_at=now,
+                result=result,
+                error=error,
+                available_at=available_at,
+                retries=F("retries") if retries is None else retries,
+            )
+            StepAttempt.objects.using(self.using).filter(step_id=step_id, attempt=attempt).update(
+                status=status, finished_at=now, result=result, error=error
+            )
+            run_wake = self._run_wake(wake)
+            if run_wake is not None:
+                woken = (
+                    WorkflowRun.objects.using(self.using)
+                    .filter(id=run_id, status=RunStatus.RUNNING)
+                    .update(wake_at=run_wake[0], wakes=F("wakes") + 1, updated_at=now)
+                )
+                if woken and wake == WAKE_NOW:
+                    self.engine.notify()
+        return run_id
+
+
+class PostgresStepWrites(StepWrites):
+    """The same writes, each as one PostgreSQL statement."""
+
+    STEP_COLUMNS = (
+        "run_id, name, kind, function, input, retries, retry_delay, backoff, queue, "
+        "transactional, status, result, error, attempt, available_at, lease_expires_at, "
+        "created_at, updated_at"
+    )
+
+    def _execute(self, sql: str, params: list[Any]) -> Any:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+
+    @staticmethod
+    def _step_params(step: NewStep) -> list[Any]:
+        return [
+            step.run_id,
+            step.name,
+            step.kind,
+            step.function,
+            _jsonb(step.input),
+            step.retries,
+            step.retry_delay,
+            step.backoff,
+            step.queue,
+            step.transactional,
+        ]
+
+    def insert_settled(
+        self,
+        step: NewStep,
+        *,
+        status: str,
+        result: Any,
+        error: Any,
+        available_at: datetime | None,
+        worker: str,
+        started_at: datetime,
+    ) -> int | None:
+        now = timezone.now()
+        sql = f"""
+            WITH s AS (
+                INSERT INTO pikku_workflow_step ({self.STEP_COLUMNS})
+                VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s,
+                        %s, %s::jsonb, %s::jsonb, 1, %s, NULL, %s, %s)
+                ON CONFLICT (run_id, name) DO NOTHING
+                RETURNING id
+            )
+            INSERT INTO pikku_step_attempt
+                (step_id, attempt, status, result, error, worker, started_at, finished_at)
+            SELECT id, 1, %s, %s::jsonb, %s::jsonb, %s, %s, %s FROM s
+            RETURNING step_id
+        """
+        res, err = _jsonb(result), _jsonb(error)
+        params = [
+            *self._step_params(step),
+            status,
+            res,
+            err,
+            available_at,
+            now,
+            now,
+            status,
+            res,
+            err,
+            worker[:255],
+            started_at,
+            now,
+        ]
+        row = self._execute(sql, params)
+        return None if row is None else row[0]
+
+    def insert_claimed(
+        self, step: NewStep, *, lease_ms: int, worker: str, park_wakes: int
+    ) -> int | None:
+        now = timezone.now()
+        sql = f"""
+            WITH s AS (
+                INSERT INTO pikku_workflow_step ({self.STEP_COLUMNS})
+                VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s,
+                        %s, NULL, NULL, 1, NULL, {POSTGRESQL_NOW_MS} + %s, %s, %s)
+                ON CONFLICT (run_id, name) DO NOTHING
+                RETURNING id
+            ), a AS (
+                INSERT INTO pikku_step_attempt
+                    (step_id, attempt, status, worker, started_at)
+                SELECT id, 1, %s, %s, %s FROM s
+            ), r AS (
+                UPDATE pikku_workflow_run SET wake_at = NULL, updated_at = %s
+                WHERE id = %s AND status = %s AND wakes = %s AND EXISTS (SELECT 1 FROM s)
+            )
+            SELECT id FROM s
+        """
+        params = [
+            *self._step_params(step),
+            StepStatus.RUNNING,
+            int(lease_ms),
+            now,
+            now,
+            StepStatus.RUNNING,
+            worker[:255],
+            now,
+            now,
+            step.run_id,
+            RunStatus.RUNNING,
+            park_wakes,
+        ]
+        row = self._execute(sql, params)
+        return None if row is None else row[0]
+
+    def settle(
+        self,
+        step_id: int,
+        attempt: int,
+        status: str,
+        *,
+        result: Any = None,
+        error: Any = None,
+        available_at: datetime | None = None,
+        retries: int | None = None,
+        wake: str = WAKE_NONE,
+    ) -> uuid.UUID | None:
+        now = timezone.now()
+        run_wake = self._run_wake(wake)
+        res, err = _jsonb(result), _jsonb(error)
+        sql = """
+            WITH s AS (
+                UPDATE pikku_workflow_step
+                SET status = %s, lease_expires_at = NULL, updated_at = %s, result = %s::jsonb,
+                    error = %s::jsonb, available_at = %s, retries = COALESCE(%s, retries)
+                WHERE id = %s AND attempt = %s AND status = %s
+                RETURNING run_id
+            ), a AS (
+                UPDATE pikku_step_attempt
+                SET status = %s, finished_at = %s, result = %s::jsonb, error = %s::jsonb
+                WHERE step_id = %s AND attempt = %s AND EXISTS (SELECT 1 FROM s)
+            ), r AS (
+                UPDATE pikku_workflow_run
+                SET wake_at = %s, wakes = wakes + 1, updated_at = %s
+                WHERE %s AND id = (SELECT run_id FROM s) AND status = %s
+                RETURNING 1
+            )
+            SELECT (SELECT run_id FROM s),
+                   (SELECT count(pg_notify(%s, '')) FROM r WHERE %s)
+        """
+        params = [
+            status,
+            now,
+            res,
+            err,
+            available_at,
+            retries,
+            step_id,
+            attempt,
+            StepStatus.RUNNING,
+            status,
+            now,
+            res,
+            err,
+            step_id,
+            attempt,
+            run_wake[0] if run_wake else None,
+            now,
+            run_wake is not None,
+            RunStatus.RUNNING,
+            CHANNEL,
+            wake == WAKE_NOW and _notifying(),
+        ]
+        row = self._execute(sql, params)
+        return row[0]
+
+
+def step_writes(engine: WorkflowEngine) -> StepWrites:
+    """The hot-path writes for the engine's database."""
+    if connections[engine.using].vendor == "postgresql":
+        return PostgresStepWrites(engine)
+    return StepWrites(engine)
+
+
+def _step_columns(step: NewStep) -> dict[str, Any]:
+    return {
+        "run_id": step.run_id,
+        "name": step.name,
+        "kind": step.kind,
+        "function": step.function,
+        "input": step.input,
+        "retries": step.retries,
+        "retry_delay": step.retry_delay,
+        "backoff": step.backoff,
+        "queue": step.queue,
+        "transactional": step.transactional,
+    }
+
+
+def _jsonb(value: Any) -> str | None:
+    """A JSON value as text for a ``::jsonb`` parameter (SQL NULL for None, as the ORM)."""
+    return None if value is None else json.dumps(value)
+
+
+def _notifying() -> bool:
+    from pikku_django.conf import pikku_settings
+
+    return bool(pikku_settings.WORKER_NOTIFY)

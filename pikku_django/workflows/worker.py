@@ -18,6 +18,7 @@ from pikku_django.conf import pikku_settings
 from pikku_django.dbclock import EpochMs
 from pikku_django.leases import HeldLease, LeaseTakenError, hold_lease
 from pikku_django.models import RunStatus, StepKind, StepStatus
+from pikku_django.timers import call_later
 from pikku_django.workflows.engine import ClaimedStep, WorkflowEngine
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.sql import CHANNEL
@@ -52,11 +53,17 @@ def keep_step_lease(engine: WorkflowEngine, claimed: ClaimedStep) -> Iterator[th
         )
     superseded = threading.Event()
     stop = threading.Event()
+    lock = threading.Lock()
+    renewing: list[threading.Thread] = []
+    interval = renewal_interval_s(claimed.lease_ms)
 
     def renew() -> None:
-        interval = renewal_interval_s(claimed.lease_ms)
+        with lock:
+            if stop.is_set():
+                return
+            renewing.append(threading.current_thread())
         try:
-            while not stop.wait(interval):
+            while True:
                 try:
                     held = engine.refresh_step_lease(
                         claimed.step_id, claimed.lease_ms, claimed.attempt
@@ -67,28 +74,34 @@ def keep_step_lease(engine: WorkflowEngine, claimed: ClaimedStep) -> Iterator[th
                         claimed.name,
                         exc_info=True,
                     )
-                    continue
-                if not held:
-                    logger.warning(
-                        "Step %s attempt %d was claimed by a newer attempt; "
-                        "its outcome will not be recorded",
-                        claimed.name,
-                        claimed.attempt,
-                    )
-                    superseded.set()
+                else:
+                    if not held:
+                        logger.warning(
+                            "Step %s attempt %d was claimed by a newer attempt; "
+                            "its outcome will not be recorded",
+                            claimed.name,
+                            claimed.attempt,
+                        )
+                        superseded.set()
+                        return
+                if stop.wait(interval):
                     return
         except BaseException:
             logger.exception("The lease renewal of step %s died", claimed.name)
         finally:
             connections.close_all()
 
-    thread = threading.Thread(target=renew, name=f"pikku-step-lease:{claimed.step_id}", daemon=True)
-    thread.start()
+    # No thread until the first renewal is due: most steps finish before it.
+    timer = call_later(interval, renew, name=f"pikku-step-lease:{claimed.step_id}")
     try:
         yield superseded
     finally:
         stop.set()
-        thread.join()
+        timer.cancel()
+        with lock:
+            threads = list(renewing)
+        for thread in threads:
+            thread.join()
 
 
 def wake_stalled_runs(engine: WorkflowEngine, stalled_after: float, limit: int = 500) -> int:
