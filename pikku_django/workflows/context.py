@@ -22,7 +22,7 @@ from pikku_django.workflows.errors import (
 )
 
 if TYPE_CHECKING:
-    from pikku_django.workflows.engine import StepOptions, WorkflowEngine
+    from pikku_django.workflows.engine import StepClaimer, StepOptions, WorkflowEngine
 
 
 class Pause(BaseException):
@@ -49,6 +49,11 @@ class WorkflowContext:
         self.input = run.input
         self._steps = steps
         self._seen: defaultdict[str, int] = defaultdict(int)
+        #: Set by a worker's pass: the queued step this pass reaches is claimed for
+        #: that worker as it is stored, instead of waiting on the queue.
+        self.claimer: StepClaimer | None = None
+        #: The queued step the pass stopped at, when the claimer takes it.
+        self.claim_request: tuple[str, StepOptions, Any] | None = None
 
     # -- naming -----------------------------------------------------------------
 
@@ -130,6 +135,10 @@ class WorkflowContext:
 
     def _queued(self, name: str, step: WorkflowStep | None, options: StepOptions, data: Any) -> Any:
         if step is None:
+            if self.claimer is not None and self.claimer.takes(options):
+                payload = self.engine.step_input(name, data)
+                self.claim_request = (name, options, payload)
+                raise Pause(None)
             step = self.engine.schedule_step(self.run, name, options, data)
             self._remember(step)
         return self._settled_or_pause(step)

@@ -115,6 +115,22 @@ class ClaimedStep:
     reclaimed: bool = False
 
 
+@dataclass(frozen=True)
+class StepClaimer:
+    """A worker thread that runs the queued step a pass reaches, when it may."""
+
+    worker: str
+    #: The queues the worker serves (all when empty).
+    queues: tuple[str, ...] = ()
+
+    def takes(self, options: StepOptions) -> bool:
+        return (
+            options.kind == StepKind.QUEUED
+            and (not self.queues or options.queue in self.queues)
+            and registry.get_step(options.function) is not None
+        )
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
@@ -469,35 +485,49 @@ class WorkflowEngine:
 
     # -- orchestration ----------------------------------------------------------
 
-    def orchestrate(self, run_id: uuid.UUID | str) -> None:
-        """One orchestration pass over a run, holding the run's lease."""
-        with log_context(run_id=str(run_id), step=None, attempt=None):
-            self._orchestrate(run_id)
+    def orchestrate(
+        self, run_id: uuid.UUID | str, *, claimer: StepClaimer | None = None
+    ) -> ClaimedStep | None:
+        """One orchestration pass over a run, holding the run's lease.
 
-    def _orchestrate(self, run_id: uuid.UUID | str) -> None:
-        run = self.runs().filter(id=run_id).only("status", "inline").first()
+        With a ``claimer``, a queued step the pass reaches is stored already claimed
+        by that worker and returned, for it to execute next.
+        """
+        with log_context(run_id=str(run_id), step=None, attempt=None):
+            return self._orchestrate(run_id, claimer)
+
+    def _orchestrate(
+        self, run_id: uuid.UUID | str, claimer: StepClaimer | None
+    ) -> ClaimedStep | None:
+        run = self.runs().filter(id=run_id).first()
         if run is None or run.status != RunStatus.RUNNING:
-            return  # settled or suspended: not replayed, no lease taken
+            return None  # settled or suspended: not replayed, no lease taken
+        claimed = None
         try:
             with hold_lease(
                 f"workflow-run:{run.id}",
                 ttl_ms=pikku_settings.RUN_LEASE_MS,
                 service=self.leases,
             ):
-                self._pass(run.id)
+                # Every write of the pass is guarded by the run's status (and a park
+                # by its wake count), so the run read before the lease is enough.
+                claimed = self._pass(run, claimer)
         except DatabaseError:
             logger.exception("An orchestration pass of run %s hit a database error", run.id)
             self._retry_pass_soon(run.id)
         except (LeaseTakenError, LeaseLostError) as exc:
             current = self.runs().filter(id=run.id).only("status").first()
-            if current is None or current.status != RunStatus.RUNNING:
-                return  # the pass wrote its outcome; it stands
-            logger.info(
-                "Run %s is orchestrated elsewhere (%s); waking it again shortly",
-                run.id,
-                type(exc).__name__,
-            )
-            self._retry_pass_soon(run.id)
+            if current is not None and current.status == RunStatus.RUNNING:
+                logger.info(
+                    "Run %s is orchestrated elsewhere (%s); waking it again shortly",
+                    run.id,
+                    type(exc).__name__,
+                )
+                self._retry_pass_soon(run.id)
+            # else: the pass wrote its outcome; it stands
+        # A step claimed by the pass is fenced by its own attempt: it runs even if
+        # the run lease was lost afterwards.
+        return claimed
 
     def _retry_pass_soon(self, run_id: uuid.UUID) -> None:
         """Wake a run a second from now: spends no retry budget."""
@@ -508,10 +538,7 @@ class WorkflowEngine:
         except DatabaseError:
             logger.exception("Could not reschedule run %s; its pass timeout will", run_id)
 
-    def _pass(self, run_id: uuid.UUID) -> None:
-        run = self.runs().get(id=run_id)
-        if run.status != RunStatus.RUNNING:
-            return
+    def _pass(self, run: WorkflowRun, claimer: StepClaimer | None = None) -> ClaimedStep | None:
         seen_wakes = run.wakes
         definition = registry.get_workflow(run.workflow)
         if definition is None:
@@ -519,28 +546,74 @@ class WorkflowEngine:
                 run,
                 f"WORKFLOW_NOT_FOUND: no workflow is registered as {run.workflow!r}",
             )
-            return
+            return None
         steps = {step.name: step for step in self.steps().filter(run_id=run.id)}
         ctx = WorkflowContext(self, run, steps)
+        ctx.claimer = None if run.inline else claimer
         try:
             output = definition.fn(ctx, run.input)
         except Pause as pause:
+            if ctx.claim_request is not None and claimer is not None:
+                return self._claim_new_step(run, seen_wakes, claimer, *ctx.claim_request)
             self._park(run, seen_wakes, pause.wake_at)
-            return
+            return None
         except StepFunctionNotFoundError as exc:
             self._suspend_run(run, f"RPC_NOT_FOUND: {exc}")
-            return
+            return None
         except (WorkflowStepSupersededError, LeaseLostError, DatabaseError):
             raise
         except Exception as exc:
             self._finish_run(run, RunStatus.FAILED, error=serialize_error(exc))
-            return
+            return None
         try:
             payload = to_json(output, f"The output of workflow {run.workflow!r}")
         except NotSerializableError as exc:
             self._finish_run(run, RunStatus.FAILED, error=serialize_error(exc))
-            return
+            return None
         self._finish_run(run, RunStatus.COMPLETED, output=payload)
+        return None
+
+    def _claim_new_step(
+        self,
+        run: WorkflowRun,
+        seen_wakes: int,
+        claimer: StepClaimer,
+        name: str,
+        options: StepOptions,
+        payload: Any,
+    ) -> ClaimedStep | None:
+        """Store the queued step a pass reached as claimed by ``claimer``, parking the run."""
+        lease_ms = self.lease_ms_for_queue(options.queue)
+        new = NewStep(
+            run_id=run.id,
+            name=name,
+            kind=StepKind.QUEUED,
+            function=options.function,
+            input=payload,
+            retries=options.retries,
+            retry_delay=options.retry_delay,
+            backoff=options.backoff,
+            queue=options.queue,
+            transactional=options.transactional,
+        )
+        step_id = self.writes.insert_claimed(
+            new, lease_ms=lease_ms, worker=claimer.worker, park_wakes=seen_wakes
+        )
+        if step_id is None:
+            # Stored meanwhile by another pass, or the run stopped running: look again.
+            self.wake_run(run.id)
+            return None
+        return ClaimedStep(
+            step_id=step_id,
+            run_id=run.id,
+            name=name,
+            function=options.function,
+            input=payload,
+            attempt=1,
+            transactional=options.transactional,
+            lease_ms=lease_ms,
+            queue=options.queue,
+        )
 
     def _park(self, run: WorkflowRun, seen_wakes: int, wake_at: datetime | None) -> None:
         """Record when the run next needs a pass, unless something woke it meanwhile."""
@@ -689,10 +762,14 @@ class WorkflowEngine:
             # Another pass of the same run created it first (its lease lapsed).
             return self.steps().get(run_id=run.id, name=fields["name"])
 
+    def step_input(self, name: str, data: Any) -> Any:
+        """A step's input as stored; NotSerializableError if it is not JSON."""
+        return to_json(data, f"The input of step {name!r}")
+
     def schedule_step(
         self, run: WorkflowRun, name: str, options: StepOptions, data: Any
     ) -> WorkflowStep:
-        payload = to_json(data, f"The input of step {name!r}")
+        payload = self.step_input(name, data)
         missing = registry.get_step(options.function) is None
         step = self._create_step(
             run,

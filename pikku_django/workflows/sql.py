@@ -124,9 +124,12 @@ class StepWrites:
     ) -> int | None:
         """Insert a step running as attempt 1 under this worker's lease, and park its
         run unless it was woken since ``park_wakes``; None (nothing written) if the
-        step exists."""
+        step exists or the run is no longer running."""
+        runs = WorkflowRun.objects.using(self.using)
         try:
             with transaction.atomic(using=self.using):
+                if not runs.filter(id=step.run_id, status=RunStatus.RUNNING).exists():
+                    return None  # only a running run's steps are claimed
                 row = WorkflowStep.objects.using(self.using).create(
                     **_step_columns(step),
                     status=StepStatus.RUNNING,
@@ -137,9 +140,9 @@ class StepWrites:
                 StepAttempt.objects.using(self.using).create(
                     step_id=row.id, attempt=1, status=StepStatus.RUNNING, worker=worker[:255]
                 )
-                WorkflowRun.objects.using(self.using).filter(
-                    id=step.run_id, status=RunStatus.RUNNING, wakes=park_wakes
-                ).update(wake_at=None, updated_at=timezone.now())
+                runs.filter(id=step.run_id, status=RunStatus.RUNNING, wakes=park_wakes).update(
+                    wake_at=None, updated_at=timezone.now()
+                )
         except IntegrityError:
             return None
         return row.id
@@ -276,8 +279,11 @@ class PostgresStepWrites(StepWrites):
         sql = f"""
             WITH s AS (
                 INSERT INTO pikku_workflow_step ({self.STEP_COLUMNS})
-                VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s,
-                        %s, NULL, NULL, 1, NULL, {POSTGRESQL_NOW_MS} + %s, %s, %s)
+                SELECT %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s,
+                       %s, NULL, NULL, 1, NULL, {POSTGRESQL_NOW_MS} + %s, %s, %s
+                WHERE EXISTS (
+                    SELECT 1 FROM pikku_workflow_run WHERE id = %s AND status = %s
+                )
                 ON CONFLICT (run_id, name) DO NOTHING
                 RETURNING id
             ), a AS (
@@ -296,6 +302,8 @@ class PostgresStepWrites(StepWrites):
             int(lease_ms),
             now,
             now,
+            step.run_id,
+            RunStatus.RUNNING,
             StepStatus.RUNNING,
             worker[:255],
             now,

@@ -19,11 +19,15 @@ from pikku_django.dbclock import EpochMs
 from pikku_django.leases import HeldLease, LeaseTakenError, hold_lease
 from pikku_django.models import RunStatus, StepKind, StepStatus
 from pikku_django.timers import call_later
-from pikku_django.workflows.engine import ClaimedStep, WorkflowEngine
+from pikku_django.workflows.engine import ClaimedStep, StepClaimer, WorkflowEngine
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.sql import CHANNEL
 
 logger = workflow_logger(__name__)
+
+#: How long a thread carries one run on, step after step, before it hands the run
+#: back to the queue (one long run must not keep a thread from the others).
+CHAIN_SECONDS = 1.0
 
 #: Leases shorter than this still renew every half lease, with one warning.
 SHORT_LEASE_MS = 1_000
@@ -350,43 +354,66 @@ class Worker:
 
     def _one_unit(self) -> int:
         engine = self.engine
+        claimer = StepClaimer(f"{self.name}:{threading.get_ident()}", tuple(self.queues))
         done = 0
         for run_id in engine.claim_due_runs(1):
-            engine.orchestrate(run_id)
+            claimed = engine.orchestrate(
+                run_id, claimer=None if self.stopping.is_set() else claimer
+            )
             self.passes += 1
             done += 1
+            if claimed is not None:
+                done += self._run_chain(claimed, claimer)
         if self.stopping.is_set():
             return done
-        for claimed in engine.claim_due_steps(
-            self.queues, 1, f"{self.name}:{threading.get_ident()}"
-        ):
-            with self._lock:
-                self._in_flight[claimed.step_id] = claimed
-            outcome = "failed"
-            self._count("claimed")
-            if claimed.reclaimed:
-                self._count("recovered")
-            try:
-                with (
-                    log_context(
-                        run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt
-                    ),
-                    keep_step_lease(engine, claimed),
-                ):
-                    outcome = engine.execute_step(claimed)
-            finally:
-                self._count(
-                    {
-                        "succeeded": "finished",
-                        "retrying": "retried",
-                        "superseded": "superseded",
-                    }.get(outcome, "failed")
-                )
-                with self._lock:
-                    self._in_flight.pop(claimed.step_id, None)
-            self.steps += 1
-            done += 1
+        for claimed in engine.claim_due_steps(self.queues, 1, claimer.worker):
+            done += self._run_chain(claimed, claimer)
         return done
+
+    def _run_chain(self, claimed: ClaimedStep | None, claimer: StepClaimer) -> int:
+        """Execute a claimed step; when it succeeds, pass its run in this thread and
+        execute the step that pass claims, and so on, for up to CHAIN_SECONDS.
+
+        Then (or when stopping) the run is woken for any worker instead, so one long
+        run cannot keep a thread from the others.
+        """
+        done = 0
+        until = time.monotonic() + CHAIN_SECONDS
+        while claimed is not None:
+            chain = not self.stopping.is_set() and time.monotonic() < until
+            outcome = self._execute(claimed, wake="pass" if chain else True)
+            done += 1
+            if outcome != "succeeded" or not chain:
+                break
+            claimed = self.engine.orchestrate(claimed.run_id, claimer=claimer)
+            self.passes += 1
+        return done
+
+    def _execute(self, claimed: ClaimedStep, *, wake: bool | str) -> str:
+        with self._lock:
+            self._in_flight[claimed.step_id] = claimed
+        outcome = "failed"
+        self._count("claimed")
+        if claimed.reclaimed:
+            self._count("recovered")
+        try:
+            with (
+                log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt),
+                keep_step_lease(self.engine, claimed),
+            ):
+                outcome = self.engine.execute_step(claimed, wake=wake)
+        finally:
+            self._count(
+                {
+                    "succeeded": "finished",
+                    "retrying": "retried",
+                    "superseded": "superseded",
+                }.get(outcome, "failed")
+            )
+            with self._lock:
+                self._in_flight.pop(claimed.step_id, None)
+        self.steps += 1
+        return outcome
 
     def _seconds_until_next_due(self) -> float:
         """Seconds until the earliest step lease lapses, retry or sleep falls due, or run
