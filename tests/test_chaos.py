@@ -121,7 +121,9 @@ def stop_mid_step(alias: str, worker: subprocess.Popen[str]) -> None:
         wait_for(lambda: running_in(alias, worker.pid), 30, "the worker to run a step")
         os.kill(worker.pid, signal.SIGSTOP)
         if running_in(alias, worker.pid):
-            time.sleep(LEASE_MS / 1000 + 1.5)
+            # Past the lease, and the time a busy worker may take to come back to the
+            # queue (the run it carries on, and that run's step in flight).
+            time.sleep(LEASE_MS / 1000 + 3)
             os.kill(worker.pid, signal.SIGCONT)
             return
         os.kill(worker.pid, signal.SIGCONT)  # caught between two steps: again

@@ -95,6 +95,26 @@ class HeldLease:
                 self._held_until = asked_at + self.ttl_ms / 1000
             return renewed is not None
 
+    def vouch(self) -> None:
+        """Raise :class:`LeaseLostError` unless the lease is held now.
+
+        Within two thirds of a lease of its last acquire or renewal (as timed on
+        this process's monotonic clock, from before the request) it is held without
+        asking the store; later, the store is asked with a renewal.
+        """
+        if self.lost.is_set():
+            raise LeaseLostError(self.key)
+        if time.monotonic() < self._held_until - self.ttl_ms / 1000 / 3:
+            return
+        try:
+            held = self._renew()
+        except Exception:
+            logger.warning("Checking lease %r failed", self.key, exc_info=True)
+            held = time.monotonic() < self._held_until
+        if not held:
+            self._mark_lost("a check found it was no longer ours")
+            raise LeaseLostError(self.key)
+
     def _mark_lost(self, why: str) -> None:
         if not self.lost.is_set():
             logger.warning("Lease %r lost: %s", self.key, why)

@@ -27,7 +27,13 @@ from django.utils import timezone
 
 from pikku_django.conf import pikku_settings
 from pikku_django.dbclock import EpochMs, process_now_ms
-from pikku_django.leases import LeaseLostError, LeaseService, LeaseTakenError, hold_lease
+from pikku_django.leases import (
+    HeldLease,
+    LeaseLostError,
+    LeaseService,
+    LeaseTakenError,
+    hold_lease,
+)
 from pikku_django.models import (
     TERMINAL_RUN_STATUSES,
     RunStatus,
@@ -485,33 +491,46 @@ class WorkflowEngine:
 
     # -- orchestration ----------------------------------------------------------
 
+    def run_lease(self, run_id: uuid.UUID | str) -> HeldLease:
+        """The lease every orchestration pass of the run holds, for a ``with`` block."""
+        return hold_lease(
+            f"workflow-run:{run_id}", ttl_ms=pikku_settings.RUN_LEASE_MS, service=self.leases
+        )
+
     def orchestrate(
-        self, run_id: uuid.UUID | str, *, claimer: StepClaimer | None = None
+        self,
+        run_id: uuid.UUID | str,
+        *,
+        claimer: StepClaimer | None = None,
+        held: HeldLease | None = None,
     ) -> ClaimedStep | None:
         """One orchestration pass over a run, holding the run's lease.
 
         With a ``claimer``, a queued step the pass reaches is stored already claimed
-        by that worker and returned, for it to execute next.
+        by that worker and returned, for it to execute next. ``held`` is the run's
+        lease (from :meth:`run_lease`) when the caller holds it across several
+        passes; otherwise the pass takes and releases it.
         """
         with log_context(run_id=str(run_id), step=None, attempt=None):
-            return self._orchestrate(run_id, claimer)
+            return self._orchestrate(run_id, claimer, held)
 
     def _orchestrate(
-        self, run_id: uuid.UUID | str, claimer: StepClaimer | None
+        self, run_id: uuid.UUID | str, claimer: StepClaimer | None, held: HeldLease | None
     ) -> ClaimedStep | None:
         run = self.runs().filter(id=run_id).first()
         if run is None or run.status != RunStatus.RUNNING:
             return None  # settled or suspended: not replayed, no lease taken
         claimed = None
         try:
-            with hold_lease(
-                f"workflow-run:{run.id}",
-                ttl_ms=pikku_settings.RUN_LEASE_MS,
-                service=self.leases,
-            ):
-                # Every write of the pass is guarded by the run's status (and a park
-                # by its wake count), so the run read before the lease is enough.
+            # Every write of the pass is guarded by the run's status (and a park by
+            # its wake count), so the run read before the lease is enough.
+            if held is None:
+                with self.run_lease(run.id):
+                    claimed = self._pass(run, claimer)
+            else:
+                held.vouch()
                 claimed = self._pass(run, claimer)
+                held.vouch()
         except DatabaseError:
             logger.exception("An orchestration pass of run %s hit a database error", run.id)
             self._retry_pass_soon(run.id)
@@ -1149,7 +1168,7 @@ class WorkflowEngine:
         try:
             payload = to_json(result, f"The result of step {step_id}")
         except NotSerializableError as exc:
-            self.set_step_error(step_id, exc, attempt, wake=bool(wake), final=True)
+            self.set_step_error(step_id, exc, attempt, wake=wake, final=True)
             return
         run_id = self.writes.settle(
             step_id, attempt, StepStatus.SUCCEEDED, result=payload, wake=_wake_mode(wake)
@@ -1163,12 +1182,13 @@ class WorkflowEngine:
         error: BaseException | dict[str, Any],
         attempt: int,
         *,
-        wake: bool = True,
+        wake: bool | str = True,
         final: bool = False,
     ) -> bool:
         """Record that ``attempt`` failed; True if no attempt is left.
 
-        Raises WorkflowStepSupersededError if the attempt was replaced.
+        ``wake`` is as for :meth:`set_step_result`, and applies once no attempt is
+        left. Raises WorkflowStepSupersededError if the attempt was replaced.
         """
         data = serialize_error(error) if isinstance(error, BaseException) else dict(error)
         step = self.steps().filter(id=step_id).only("retries", "retry_delay", "backoff").first()
@@ -1184,7 +1204,7 @@ class WorkflowEngine:
             available_at=retry_at,
             # A final failure spends the remaining attempts, so nothing retries it.
             retries=attempt - 1 if final else None,
-            wake=WAKE_NOW if exhausted and wake else WAKE_NONE,
+            wake=_wake_mode(wake) if exhausted else WAKE_NONE,
         )
         if run_id is None:
             raise WorkflowStepSupersededError(step_id, attempt)
@@ -1216,7 +1236,7 @@ class WorkflowEngine:
                 return self._function_missing(claimed)
             return self._execute_in_context(claimed, definition.fn, wake=wake)
 
-    def _execute(self, claimed: ClaimedStep, fn: Callable[..., Any], *, wake: bool) -> str:
+    def _execute(self, claimed: ClaimedStep, fn: Callable[..., Any], *, wake: bool | str) -> str:
         with log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt):
             return self._execute_in_context(claimed, fn, wake=wake)
 
@@ -1245,7 +1265,7 @@ class WorkflowEngine:
                     claimed.step_id,
                     exc,
                     claimed.attempt,
-                    wake=bool(wake),
+                    wake=wake,
                     final=isinstance(exc, NotSerializableError),
                 )
             except WorkflowStepSupersededError as superseded:

@@ -16,7 +16,7 @@ from django.db.models import Exists, F, Max, Min, OuterRef, Q
 
 from pikku_django.conf import pikku_settings
 from pikku_django.dbclock import EpochMs
-from pikku_django.leases import HeldLease, LeaseTakenError, hold_lease
+from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError, hold_lease
 from pikku_django.models import RunStatus, StepKind, StepStatus
 from pikku_django.timers import call_later
 from pikku_django.workflows.engine import ClaimedStep, StepClaimer, WorkflowEngine
@@ -27,7 +27,7 @@ logger = workflow_logger(__name__)
 
 #: How long a thread carries one run on, step after step, before it hands the run
 #: back to the queue (one long run must not keep a thread from the others).
-CHAIN_SECONDS = 1.0
+CHAIN_SECONDS = 0.25
 
 #: Leases shorter than this still renew every half lease, with one warning.
 SHORT_LEASE_MS = 1_000
@@ -357,37 +357,65 @@ class Worker:
         claimer = StepClaimer(f"{self.name}:{threading.get_ident()}", tuple(self.queues))
         done = 0
         for run_id in engine.claim_due_runs(1):
-            claimed = engine.orchestrate(
-                run_id, claimer=None if self.stopping.is_set() else claimer
-            )
-            self.passes += 1
-            done += 1
-            if claimed is not None:
-                done += self._run_chain(claimed, claimer)
+            done += self._carry(run_id, claimer)
         if self.stopping.is_set():
             return done
         for claimed in engine.claim_due_steps(self.queues, 1, claimer.worker):
-            done += self._run_chain(claimed, claimer)
+            done += self._carry(claimed.run_id, claimer, claimed)
         return done
 
-    def _run_chain(self, claimed: ClaimedStep | None, claimer: StepClaimer) -> int:
-        """Execute a claimed step; when it succeeds, pass its run in this thread and
-        execute the step that pass claims, and so on, for up to CHAIN_SECONDS.
+    def _carry(self, run_id: Any, claimer: StepClaimer, claimed: ClaimedStep | None = None) -> int:
+        """Carry a run on in this thread: a pass (unless ``claimed`` is given first),
+        the step that pass claims, the pass after it, and so on, for up to
+        CHAIN_SECONDS; how many passes and steps that was.
 
-        Then (or when stopping) the run is woken for any worker instead, so one long
-        run cannot keep a thread from the others.
+        The run's lease is held from the first pass to the last, so the passes in
+        between cost no lease round trips. Past the time limit, when stopping, or
+        when a step is left to wait for a retry, the last step settles with the run
+        woken for any worker, after the lease is given back.
         """
         done = 0
         until = time.monotonic() + CHAIN_SECONDS
-        while claimed is not None:
-            chain = not self.stopping.is_set() and time.monotonic() < until
-            outcome = self._execute(claimed, wake="pass" if chain else True)
-            done += 1
-            if outcome != "succeeded" or not chain:
-                break
-            claimed = self.engine.orchestrate(claimed.run_id, claimer=claimer)
-            self.passes += 1
-        return done
+        held: HeldLease | None = None
+        try:
+            while True:
+                if claimed is not None:
+                    chain = not self.stopping.is_set() and time.monotonic() < until
+                    if not chain and held is not None:
+                        self._give_back(held)
+                        held = None
+                    outcome = self._execute(claimed, wake="pass" if chain else True)
+                    done += 1
+                    if not chain or outcome not in ("succeeded", "failed"):
+                        return done
+                if held is None:
+                    held = self.engine.run_lease(run_id)
+                    try:
+                        held.__enter__()
+                    except LeaseTakenError:
+                        held = None
+                        logger.info(
+                            "Run %s is orchestrated elsewhere; waking it again shortly", run_id
+                        )
+                        self.engine._retry_pass_soon(run_id)
+                        return done
+                claimed = self.engine.orchestrate(
+                    run_id, claimer=None if self.stopping.is_set() else claimer, held=held
+                )
+                self.passes += 1
+                done += 1
+                if claimed is None:
+                    return done
+        finally:
+            if held is not None:
+                self._give_back(held)
+
+    def _give_back(self, held: HeldLease) -> None:
+        """Release a run lease held across passes; each pass vouched for itself."""
+        try:
+            held.__exit__(None, None, None)
+        except LeaseLostError:
+            logger.info("Run lease %s had lapsed when it was given back", held.key)
 
     def _execute(self, claimed: ClaimedStep, *, wake: bool | str) -> str:
         with self._lock:
