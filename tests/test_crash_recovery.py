@@ -14,6 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from pikku_django.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import WorkflowEngine
 from tests.conftest import database_alias, on_databases
@@ -28,8 +30,12 @@ def run_state(alias: str, run_id: object) -> WorkflowRun:
     return WorkflowRun.objects.using(alias).get(id=run_id)
 
 
-def workers(alias: str, n: int) -> list[subprocess.Popen[str]]:
-    env = {"PIKKU_TEST_STEP_LEASE_MS": str(LEASE_MS), "PIKKU_TEST_POLL": str(POLL)}
+def workers(alias: str, n: int, run_lease_ms: int = 30_000) -> list[subprocess.Popen[str]]:
+    env = {
+        "PIKKU_TEST_STEP_LEASE_MS": str(LEASE_MS),
+        "PIKKU_TEST_RUN_LEASE_MS": str(run_lease_ms),
+        "PIKKU_TEST_POLL": str(POLL),
+    }
     return [worker_process(alias, "--concurrency", "1", **env) for _ in range(n)]
 
 
@@ -42,17 +48,23 @@ def stop(*procs: subprocess.Popen[str]) -> list[str]:
     return [finish(proc, 60)[1] for proc in procs]
 
 
+# A run lease longer than the step lease is given back before the step runs; a shorter
+# one is held across it (a worker carries its run on): either way the dead worker's
+# run lease is no longer in the way once its step can be taken over.
+@pytest.mark.parametrize("run_lease_ms", [30_000, 2_000], ids=["released", "held"])
 @on_databases("postgres")
-def test_sigkilled_worker_step_completes_as_attempt_two(vendor: str, tmp_path: Path) -> None:
+def test_sigkilled_worker_step_completes_as_attempt_two(
+    vendor: str, tmp_path: Path, run_lease_ms: int
+) -> None:
     alias = database_alias(vendor)
     started = tmp_path / "started"
     run = WorkflowEngine(alias).start("testapp.blocked", {"started": str(started)})
-    first, second = workers(alias, 1)[0], None
+    first, second = workers(alias, 1, run_lease_ms)[0], None
     try:
         wait_for(started.exists, 60, "the first attempt to start")
         killed_pid = int(started.read_text())
         assert killed_pid == first.pid
-        (second,) = workers(alias, 1)
+        (second,) = workers(alias, 1, run_lease_ms)
         time.sleep(2)  # the second worker is up and idle before the kill
         os.kill(first.pid, signal.SIGKILL)
         killed_at = time.monotonic()

@@ -17,6 +17,7 @@ PIKKU = {
     "WORKFLOW_DATABASE": _alias,
     "LEASE_DATABASE": _alias,
     "STEP_LEASE_MS": int(os.environ.get("PIKKU_TEST_STEP_LEASE_MS", "60000")),
+    "RUN_LEASE_MS": int(os.environ.get("PIKKU_TEST_RUN_LEASE_MS", "30000")),
     "WORKER_POLL_INTERVAL": float(os.environ.get("PIKKU_TEST_POLL", "0.2")),
 }
 LOGGING = {

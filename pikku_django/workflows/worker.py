@@ -369,10 +369,10 @@ class Worker:
         the step that pass claims, the pass after it, and so on, for up to
         CHAIN_SECONDS; how many passes and steps that was.
 
-        The run's lease is held from the first pass to the last, so the passes in
-        between cost no lease round trips. Past the time limit, when stopping, or
-        when a step is left to wait for a retry, the last step settles with the run
-        woken for any worker, after the lease is given back.
+        The run's lease is held from the first pass to the last (unless a step's
+        claim is shorter than the run lease), so the passes in between cost no lease
+        round trips. Past the time limit, or when stopping, the last step settles
+        with the run woken for any worker, after the lease is given back.
         """
         done = 0
         until = time.monotonic() + CHAIN_SECONDS
@@ -381,7 +381,10 @@ class Worker:
             while True:
                 if claimed is not None:
                     chain = not self.stopping.is_set() and time.monotonic() < until
-                    if not chain and held is not None:
+                    # Held across the step only when the step's claim outlives the run
+                    # lease: were this worker to die in the step, its run lease lapses
+                    # before anyone can take the step over, so nothing waits for it.
+                    if held is not None and (not chain or claimed.lease_ms < held.ttl_ms):
                         self._give_back(held)
                         held = None
                     outcome = self._execute(claimed, wake="pass" if chain else True)

@@ -1,0 +1,310 @@
+"""A worker thread carries a run on: the step a pass reaches is stored already claimed,
+a succeeded step is followed by its run's next pass in the same thread, and inline
+steps are stored once, with their outcome. On SQLite, PostgreSQL and MariaDB (the
+writes have a single-statement form on PostgreSQL and an ORM form elsewhere).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group
+from django.db import connections
+
+from pikku_django.dbclock import store_now_ms
+from pikku_django.leases import InMemoryLeaseService
+from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows import FakeClock, WorkflowEngine, step, workflow
+from pikku_django.workflows import worker as worker_module
+from pikku_django.workflows.context import WorkflowContext
+from pikku_django.workflows.engine import StepClaimer
+from pikku_django.workflows.sql import NewStep, PostgresStepWrites
+from pikku_django.workflows.worker import Worker
+from tests.conftest import database_alias, db_mark
+
+VENDORS = ("sqlite", "postgres", "mariadb")
+SEEN: dict[str, list[Any]] = {}
+
+
+@step(name="carry_echo")
+def echo(data: dict[str, Any]) -> Any:
+    return data["n"]
+
+
+@workflow(name="carry_three")
+def three(ctx: WorkflowContext, inp: dict[str, Any] | None) -> list[Any]:
+    queue = (inp or {}).get("queue")
+    return [ctx.do(f"s{n}", echo, {"n": n}, queue=queue) for n in range(3)]
+
+
+@workflow(name="carry_inline")
+def inline_steps(ctx: WorkflowContext, inp: dict[str, Any]) -> Any:
+    alias, tag = inp["db"], inp["tag"]
+
+    def look() -> int:
+        # While the function runs, its step has no row yet.
+        SEEN.setdefault(tag, []).append(
+            WorkflowStep.objects.using(alias).filter(run_id=ctx.run_id, name="look").exists()
+        )
+        return 7
+
+    return ctx.do("look", look)
+
+
+@workflow(name="carry_inline_fails")
+def inline_fails(ctx: WorkflowContext, inp: dict[str, Any]) -> Any:
+    def boom() -> None:
+        raise RuntimeError("first attempt fails")
+
+    return ctx.do("boom", boom, retries=2, retry_delay=30)
+
+
+@workflow(name="carry_inline_tx")
+def inline_tx(ctx: WorkflowContext, inp: dict[str, Any]) -> Any:
+    alias = inp["db"]
+
+    def make_group() -> str:
+        Group.objects.using(alias).create(name=inp["group"])
+        # Another pass of the run stores the step first (its lease had lapsed).
+        other = threading.Thread(target=_store_step_elsewhere, args=(alias, ctx.run_id))
+        other.start()
+        other.join()
+        return "mine"
+
+    return ctx.do("tx", make_group, transactional=True)
+
+
+def _store_step_elsewhere(alias: str, run_id: uuid.UUID) -> None:
+    try:
+        WorkflowStep.objects.using(alias).create(
+            run_id=run_id,
+            name="tx",
+            kind="inline",
+            status=StepStatus.SUCCEEDED,
+            result="theirs",
+            attempt=1,
+        )
+    finally:
+        connections[alias].close()
+
+
+@pytest.fixture(params=[pytest.param(v, marks=db_mark(v), id=v) for v in VENDORS])
+def alias(request: pytest.FixtureRequest) -> str:
+    return database_alias(request.param)
+
+
+@pytest.fixture
+def engine(alias: str) -> WorkflowEngine:
+    return WorkflowEngine(alias, leases=InMemoryLeaseService(), clock=FakeClock())
+
+
+CLAIMER = StepClaimer("host:1:2")
+
+
+def test_a_pass_with_a_claimer_stores_the_step_it_reaches_claimed(engine: WorkflowEngine) -> None:
+    run = engine.start(three)
+    [run_id] = engine.claim_due_runs(1)
+    claimed = engine.orchestrate(run_id, claimer=CLAIMER)
+
+    assert claimed is not None
+    assert (claimed.name, claimed.attempt, claimed.function) == ("s0", 1, "carry_echo")
+    row = engine.steps().get(id=claimed.step_id)
+    assert (row.status, row.attempt, row.available_at) == (StepStatus.RUNNING, 1, None)
+    now = store_now_ms(engine.using)
+    assert now < row.lease_expires_at <= now + engine.lease_ms_for_queue("default") + 1000
+    [attempt] = engine.attempts().filter(step_id=row.id)
+    assert (attempt.attempt, attempt.status, attempt.worker) == (1, StepStatus.RUNNING, "host:1:2")
+    # Parked: nothing wakes the run until its step settles.
+    assert engine.get_run(run.id).wake_at is None
+
+
+def test_carrying_a_run_step_by_step_completes_it(engine: WorkflowEngine) -> None:
+    run = engine.start(three)
+    [run_id] = engine.claim_due_runs(1)
+    claimed = engine.orchestrate(run_id, claimer=CLAIMER)
+    names = []
+    while claimed is not None:
+        names.append(claimed.name)
+        wakes = engine.get_run(run.id).wakes
+        assert engine.execute_step(claimed, wake="pass") == "succeeded"
+        # Marked as passed next by this thread: no other worker wakes it meanwhile,
+        # unless this one dies (then after RUN_PASS_TIMEOUT, like any claimed pass).
+        woken = engine.get_run(run.id)
+        assert woken.wakes == wakes + 1
+        assert woken.wake_at > engine.clock.now() + timedelta(seconds=60)
+        assert engine.claim_due_runs(1) == []
+        claimed = engine.orchestrate(run.id, claimer=CLAIMER)
+    run = engine.get_run(run.id)
+    assert names == ["s0", "s1", "s2"]
+    assert (run.status, run.output) == (RunStatus.COMPLETED, [0, 1, 2])
+    workers = set(engine.attempts().filter(step__run_id=run.id).values_list("worker", flat=True))
+    assert workers == {"host:1:2"}
+
+
+def test_a_claimer_takes_only_steps_of_its_queues(engine: WorkflowEngine) -> None:
+    run = engine.start(three, {"queue": "mail"})
+    [run_id] = engine.claim_due_runs(1)
+    assert engine.orchestrate(run_id, claimer=StepClaimer("host:1:2", ("default",))) is None
+    row = engine.steps().get(run_id=run.id, name="s0")
+    assert (row.status, row.attempt, row.queue) == (StepStatus.SCHEDULED, 0, "mail")
+    # A worker serving that queue claims it from the queue as usual.
+    [claimed] = engine.claim_due_steps(["mail"], 1, "host:3:4")
+    assert claimed.step_id == row.id
+
+
+def test_a_claimed_step_is_not_stored_for_a_run_that_stopped_running(
+    engine: WorkflowEngine,
+) -> None:
+    run = engine.start(three)
+    engine.cancel(run.id)
+    new = _new_step(run.id, "late")
+    assert engine.writes.insert_claimed(new, lease_ms=5000, worker="w", park_wakes=0) is None
+    assert not engine.steps().filter(run_id=run.id).exists()
+
+
+def test_a_claimed_step_that_exists_is_left_alone(engine: WorkflowEngine) -> None:
+    run = engine.start(three)
+    [run_id] = engine.claim_due_runs(1)
+    engine.orchestrate(run_id)  # no claimer: s0 is scheduled
+    before = engine.steps().get(run_id=run.id, name="s0")
+    new = _new_step(run.id, "s0")
+    assert engine.writes.insert_claimed(new, lease_ms=5000, worker="w", park_wakes=0) is None
+    after = engine.steps().get(id=before.id)
+    assert (after.status, after.attempt) == (StepStatus.SCHEDULED, 0)
+    assert not engine.attempts().filter(step_id=before.id).exists()
+
+
+def test_a_settle_of_a_replaced_attempt_writes_nothing(engine: WorkflowEngine) -> None:
+    engine.start(three)
+    [run_id] = engine.claim_due_runs(1)
+    first = engine.orchestrate(run_id, claimer=CLAIMER)
+    assert first is not None
+    engine.steps().filter(id=first.step_id).update(lease_expires_at=0)
+    [second] = engine.claim_due_steps()
+    assert second.attempt == 2
+    assert engine.writes.settle(first.step_id, 1, StepStatus.SUCCEEDED, result="stale") is None
+    assert engine.writes.settle(second.step_id, 2, StepStatus.SUCCEEDED, result=2) == run_id
+    row = engine.steps().get(id=first.step_id)
+    assert (row.status, row.result, row.lease_expires_at) == (StepStatus.SUCCEEDED, 2, None)
+    stale, fresh = engine.attempts().filter(step_id=row.id).order_by("attempt")
+    assert (stale.status, stale.result) == (StepStatus.RUNNING, None)
+    assert (fresh.status, fresh.result) == (StepStatus.SUCCEEDED, 2)
+    assert fresh.finished_at is not None
+
+
+def test_an_inline_step_is_stored_once_with_its_outcome(engine: WorkflowEngine) -> None:
+    tag = uuid.uuid4().hex
+    run = engine.start(inline_steps, {"db": engine.using, "tag": tag})
+    engine.run_until_idle()
+    run = engine.get_run(run.id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, 7)
+    assert SEEN[tag] == [False]
+    row = engine.steps().get(run_id=run.id, name="look")
+    assert (row.kind, row.status, row.attempt, row.result) == ("inline", "succeeded", 1, 7)
+    [attempt] = engine.attempts().filter(step_id=row.id)
+    assert (attempt.attempt, attempt.status, attempt.result) == (1, StepStatus.SUCCEEDED, 7)
+    assert attempt.started_at <= attempt.finished_at
+
+
+def test_an_inline_first_attempt_that_fails_waits_for_its_retry(engine: WorkflowEngine) -> None:
+    run = engine.start(inline_fails)
+    engine.run_until_idle()
+    row = engine.steps().get(run_id=run.id, name="boom")
+    assert (row.status, row.attempt, row.retries) == (StepStatus.FAILED, 1, 2)
+    assert row.error["message"] == "first attempt fails"
+    assert row.available_at == engine.clock.now() + timedelta(seconds=30)
+    assert engine.get_run(run.id).wake_at == row.available_at
+    [attempt] = engine.attempts().filter(step_id=row.id)
+    assert attempt.status == StepStatus.FAILED
+    assert attempt.error["message"] == "first attempt fails"
+    engine.clock.advance(30)
+    engine.run_until_idle()
+    row.refresh_from_db(using=engine.using)
+    assert row.attempt == 2
+
+
+@pytest.mark.parametrize(
+    "alias", [pytest.param("postgres", marks=db_mark("postgres"), id="postgres")], indirect=True
+)
+def test_a_transactional_inline_step_stored_elsewhere_first_rolls_back(
+    engine: WorkflowEngine,
+) -> None:
+    group = f"carry-{uuid.uuid4().hex[:12]}"
+    run = engine.start(inline_tx, {"db": engine.using, "group": group})
+    engine.run_until_idle()
+    run = engine.get_run(run.id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "theirs")
+    assert not Group.objects.using(engine.using).filter(name=group).exists()
+
+
+def test_postgres_writes_are_single_statements(alias: str) -> None:
+    engine = WorkflowEngine(alias)
+    assert isinstance(engine.writes, PostgresStepWrites) == (alias == database_alias("postgres"))
+
+
+def test_a_worker_thread_carries_each_run_from_pass_to_pass(alias: str) -> None:
+    engine = WorkflowEngine(alias)
+    runs = [engine.start(three).id for _ in range(3)]
+    worker = Worker(engine, concurrency=1, until_idle=True, poll_interval=0.05, idle_grace=0)
+    worker.run()
+    for run_id in runs:
+        assert engine.get_run(run_id).status == RunStatus.COMPLETED
+        attempts = StepAttempt.objects.using(alias).filter(step__run_id=run_id)
+        assert attempts.count() == 3
+        assert len(set(attempts.values_list("worker", flat=True))) == 1
+    # One pass per step and one to finish: none was repeated for want of a lease.
+    assert worker.passes == 3 * 4
+    assert worker.counts["finished"] == 9
+
+
+def test_past_its_time_a_carried_run_goes_back_to_the_queue(
+    alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "CHAIN_SECONDS", 0)
+    engine = WorkflowEngine(alias)
+    run = engine.start(three)
+    worker = Worker(engine, concurrency=2, until_idle=True, poll_interval=0.05, idle_grace=0)
+    worker.run()
+    run = engine.get_run(run.id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, [0, 1, 2])
+    assert WorkflowRun.objects.using(alias).get(id=run.id).wakes >= 3
+
+
+def _new_step(run_id: uuid.UUID, name: str) -> NewStep:
+    return NewStep(
+        run_id=run_id,
+        name=name,
+        kind="queued",
+        function="carry_echo",
+        input={"n": 0},
+        retries=0,
+        retry_delay=0.0,
+        backoff="fixed",
+        queue="default",
+        transactional=False,
+    )
+
+
+def test_the_timers_thread_starts_callbacks_when_due_unless_cancelled() -> None:
+    from pikku_django.timers import call_later
+
+    ran: list[str] = []
+    done = threading.Event()
+
+    def record() -> None:
+        ran.append(threading.current_thread().name)
+        done.set()
+
+    cancelled = call_later(0.05, lambda: ran.append("cancelled"), name="never")
+    cancelled.cancel()
+    started = time.monotonic()
+    call_later(0.1, record, name="pikku-test-timer")
+    assert done.wait(5)
+    assert time.monotonic() - started >= 0.1
+    time.sleep(0.1)
+    assert ran == ["pikku-test-timer"]
