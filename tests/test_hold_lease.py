@@ -166,3 +166,41 @@ def test_function_form_refuses_a_result_made_without_the_lease() -> None:
 
     with pytest.raises(LeaseLostError):
         hold_lease("job", body, service=service, ttl_ms=TTL)
+
+
+def test_a_short_block_starts_no_renewal_thread() -> None:
+    service = FlakyLeaseService()
+    with hold_lease("job", service=service, ttl_ms=60_000):
+        time.sleep(0.05)
+        assert not [t for t in threading.enumerate() if t.name.startswith("pikku-lease:")]
+    assert service.refreshes == 0
+    assert service.get("job") is None
+
+
+def test_vouch_trusts_a_recent_acquire_or_renewal() -> None:
+    service = FlakyLeaseService()
+    held = hold_lease("job", service=service, ttl_ms=60_000).__enter__()
+    held.vouch()
+    assert service.refreshes == 0
+    service.release(held.lease)
+    service.acquire("job", "other", 60_000)
+    # Taken behind its back: the next renewal notices, or leaving does.
+    held.vouch()
+    with pytest.raises(LeaseLostError):
+        held.__exit__(None, None, None)
+    assert service.get("job").holder == "other"
+
+
+def test_vouch_asks_the_store_once_the_last_renewal_is_old() -> None:
+    service = FlakyLeaseService()
+    with pytest.raises(LeaseLostError), hold_lease("job", service=service, ttl_ms=TTL) as held:
+        service.fail_refresh = ConnectionError("store unreachable")
+        time.sleep(TTL * 0.75 / 1000)
+        asked = service.refreshes
+        held.vouch()  # the store cannot say; the lease still has a quarter to run
+        assert service.refreshes == asked + 1
+        service.release(held.lease)
+        service.acquire("job", "other", 60_000)
+        service.fail_refresh = None
+        with pytest.raises(LeaseLostError):
+            held.vouch()
