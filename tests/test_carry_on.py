@@ -308,3 +308,55 @@ def test_the_timers_thread_starts_callbacks_when_due_unless_cancelled() -> None:
     assert time.monotonic() - started >= 0.1
     time.sleep(0.1)
     assert ran == ["pikku-test-timer"]
+
+
+@step(name="carry_lines")
+def order_lines() -> dict[str, int]:
+    # Keys in an order PostgreSQL's jsonb does not keep (it stores shorter keys first).
+    return {"widget-large": 3, "nut": 1, "bolt": 2, "é": 4}
+
+
+@step(name="carry_reserve")
+def reserve(data: dict[str, Any]) -> str:
+    return data["sku"]
+
+
+@workflow(name="carry_by_key_order")
+def by_key_order(ctx: WorkflowContext, inp: Any) -> list[Any]:
+    lines = ctx.do("lines", order_lines)
+    # Repeated names are numbered in call order, so the key order must be the same
+    # on every replay, whether the result came from this process or the database.
+    return [ctx.do("reserve", reserve, {"sku": sku}) for sku in lines]
+
+
+@workflow(name="carry_by_inline_key_order")
+def by_inline_key_order(ctx: WorkflowContext, inp: Any) -> list[Any]:
+    lines = ctx.do("lines", order_lines, queued=False)  # read back from the database later
+    return [ctx.do("reserve", reserve, {"sku": sku}) for sku in lines]
+
+
+@pytest.mark.parametrize("wf", [by_key_order, by_inline_key_order], ids=["queued", "inline"])
+def test_a_carried_run_replays_results_in_stored_key_order(alias: str, wf: Any) -> None:
+    engine = WorkflowEngine(alias)
+    run = engine.start(wf)
+    Worker(engine, concurrency=1, until_idle=True, poll_interval=0.05, idle_grace=0).run()
+    run = engine.get_run(run.id)
+    assert run.status == RunStatus.COMPLETED, run.error
+    stored = engine.steps().get(run_id=run.id, name="lines").result
+    assert run.output == list(stored)
+    for n, sku in enumerate(stored):
+        name = "reserve" if n == 0 else f"reserve#{n}"
+        assert engine.steps().get(run_id=run.id, name=name).result == sku
+
+
+@pytest.mark.parametrize(
+    "alias", [pytest.param("postgres", marks=db_mark("postgres"), id="postgres")], indirect=True
+)
+def test_jsonb_order_is_the_order_postgresql_returns(alias: str) -> None:
+    from pikku_django.workflows.sql import jsonb_order
+
+    value = {"bb": 1, "a": {"zz": [{"ccc": 1, "d": 2}], "y": None}, "é": 2, "e": 3, "": 0}
+    run = WorkflowRun.objects.using(alias).create(workflow="x", input=value)
+    read = WorkflowRun.objects.using(alias).get(id=run.id).input
+    assert list(read) != list(value)
+    assert repr(jsonb_order(value)) == repr(read)

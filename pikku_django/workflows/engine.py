@@ -16,7 +16,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -119,6 +119,21 @@ class ClaimedStep:
     queue: str
     #: Whether the step was taken from a worker whose lease lapsed (a recovery).
     reclaimed: bool = False
+    #: The run as the pass that claimed this step left it (see CarriedRun).
+    carried: CarriedRun | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass
+class CarriedRun:
+    """A run as a worker thread's last pass left it, when that pass stopped at the
+    step it claimed: every other step it read was settled, and settled steps do not
+    change. Once the claimed step succeeds, the thread's next pass (under the run
+    lease it kept) starts from here instead of reading the run and its steps again;
+    every write of a pass stays guarded by the run's status in the database.
+    """
+
+    run: WorkflowRun
+    steps: dict[str, WorkflowStep]
 
 
 @dataclass(frozen=True)
@@ -503,21 +518,31 @@ class WorkflowEngine:
         *,
         claimer: StepClaimer | None = None,
         held: HeldLease | None = None,
+        carried: CarriedRun | None = None,
     ) -> ClaimedStep | None:
         """One orchestration pass over a run, holding the run's lease.
 
         With a ``claimer``, a queued step the pass reaches is stored already claimed
         by that worker and returned, for it to execute next. ``held`` is the run's
         lease (from :meth:`run_lease`) when the caller holds it across several
-        passes; otherwise the pass takes and releases it.
+        passes; otherwise the pass takes and releases it. ``carried`` (with
+        ``held``) is the run as the caller's previous pass left it.
         """
         with log_context(run_id=str(run_id), step=None, attempt=None):
-            return self._orchestrate(run_id, claimer, held)
+            return self._orchestrate(run_id, claimer, held, carried)
 
     def _orchestrate(
-        self, run_id: uuid.UUID | str, claimer: StepClaimer | None, held: HeldLease | None
+        self,
+        run_id: uuid.UUID | str,
+        claimer: StepClaimer | None,
+        held: HeldLease | None,
+        carried: CarriedRun | None = None,
     ) -> ClaimedStep | None:
-        run = self.runs().filter(id=run_id).first()
+        if held is not None and carried is not None:
+            run, steps = carried.run, carried.steps
+        else:
+            run = self.runs().filter(id=run_id).order_by().first()
+            steps = None
         if run is None or run.status != RunStatus.RUNNING:
             return None  # settled or suspended: not replayed, no lease taken
         claimed = None
@@ -529,7 +554,7 @@ class WorkflowEngine:
                     claimed = self._pass(run, claimer)
             else:
                 held.vouch()
-                claimed = self._pass(run, claimer)
+                claimed = self._pass(run, claimer, steps)
                 held.vouch()
         except DatabaseError:
             logger.exception("An orchestration pass of run %s hit a database error", run.id)
@@ -557,7 +582,12 @@ class WorkflowEngine:
         except DatabaseError:
             logger.exception("Could not reschedule run %s; its pass timeout will", run_id)
 
-    def _pass(self, run: WorkflowRun, claimer: StepClaimer | None = None) -> ClaimedStep | None:
+    def _pass(
+        self,
+        run: WorkflowRun,
+        claimer: StepClaimer | None = None,
+        steps: dict[str, WorkflowStep] | None = None,
+    ) -> ClaimedStep | None:
         seen_wakes = run.wakes
         definition = registry.get_workflow(run.workflow)
         if definition is None:
@@ -566,14 +596,15 @@ class WorkflowEngine:
                 f"WORKFLOW_NOT_FOUND: no workflow is registered as {run.workflow!r}",
             )
             return None
-        steps = {step.name: step for step in self.steps().filter(run_id=run.id)}
+        if steps is None:
+            steps = {step.name: step for step in self.steps().filter(run_id=run.id).order_by()}
         ctx = WorkflowContext(self, run, steps)
         ctx.claimer = None if run.inline else claimer
         try:
             output = definition.fn(ctx, run.input)
         except Pause as pause:
             if ctx.claim_request is not None and claimer is not None:
-                return self._claim_new_step(run, seen_wakes, claimer, *ctx.claim_request)
+                return self._claim_new_step(ctx, seen_wakes, claimer, *ctx.claim_request)
             self._park(run, seen_wakes, pause.wake_at)
             return None
         except StepFunctionNotFoundError as exc:
@@ -594,7 +625,7 @@ class WorkflowEngine:
 
     def _claim_new_step(
         self,
-        run: WorkflowRun,
+        ctx: WorkflowContext,
         seen_wakes: int,
         claimer: StepClaimer,
         name: str,
@@ -602,6 +633,7 @@ class WorkflowEngine:
         payload: Any,
     ) -> ClaimedStep | None:
         """Store the queued step a pass reached as claimed by ``claimer``, parking the run."""
+        run = ctx.run
         lease_ms = self.lease_ms_for_queue(options.queue)
         new = NewStep(
             run_id=run.id,
@@ -622,6 +654,10 @@ class WorkflowEngine:
             # Stored meanwhile by another pass, or the run stopped running: look again.
             self.wake_run(run.id)
             return None
+        row = WorkflowStep(
+            id=step_id, **_step_columns(new), run_id=run.id, status=StepStatus.RUNNING, attempt=1
+        )
+        ctx._remember(row)
         return ClaimedStep(
             step_id=step_id,
             run_id=run.id,
@@ -632,6 +668,7 @@ class WorkflowEngine:
             transactional=options.transactional,
             lease_ms=lease_ms,
             queue=options.queue,
+            carried=CarriedRun(run, ctx._steps),
         )
 
     def _park(self, run: WorkflowRun, seen_wakes: int, wake_at: datetime | None) -> None:
@@ -985,7 +1022,7 @@ class WorkflowEngine:
                         started_at=started,
                     )
                 if stored is not None:
-                    return _Settled(result)
+                    return _Settled(self.writes.stored(result))
                 logger.warning("Step %s was stored by another pass; its result stands", name)
             except _StepExistsError:
                 logger.warning("Step %s was stored by another pass; its result stands", name)
@@ -1254,6 +1291,8 @@ class WorkflowEngine:
             else:
                 result = to_json(registry.call_step_function(fn, claimed.input), what)
                 self.set_step_result(claimed.step_id, result, claimed.attempt, wake=wake)
+            if claimed.carried is not None:
+                self._carry_result(claimed, claimed.carried, result, wake)
         except WorkflowStepSupersededError as exc:
             logger.warning("%s: its result was not recorded", exc)
             return "superseded"
@@ -1274,6 +1313,19 @@ class WorkflowEngine:
             logger.info("Step %s attempt %d failed: %s", claimed.name, claimed.attempt, exc)
             return "failed" if exhausted else "retrying"
         return "succeeded"
+
+    def _carry_result(
+        self, claimed: ClaimedStep, carried: CarriedRun, result: Any, wake: bool | str
+    ) -> None:
+        """Bring the carried run up to date with its claimed step's success."""
+        step = carried.steps.get(claimed.name)
+        if step is None or step.id != claimed.step_id:
+            return
+        step.status, step.attempt = StepStatus.SUCCEEDED, claimed.attempt
+        step.result, step.error = self.writes.stored(result), None
+        step.lease_expires_at = step.available_at = None
+        if wake:
+            carried.run.wakes += 1  # as the settle raised it (if the run still runs)
 
     def _function_missing(self, claimed: ClaimedStep) -> str:
         """The current attempt's function is missing: suspend the run (RPC_NOT_FOUND)."""

@@ -69,6 +69,10 @@ class StepWrites:
         self.engine = engine
         self.using = engine.using
 
+    def stored(self, value: Any) -> Any:
+        """``value`` (plain JSON) as a read of the stored column returns it."""
+        return value
+
     def _run_wake(self, wake: str) -> tuple[datetime, int] | None:
         from pikku_django.conf import pikku_settings
 
@@ -207,6 +211,9 @@ class PostgresStepWrites(StepWrites):
         "transactional, status, result, error, attempt, available_at, lease_expires_at, "
         "created_at, updated_at"
     )
+
+    def stored(self, value: Any) -> Any:
+        return jsonb_order(value)
 
     def _execute(self, sql: str, params: list[Any]) -> Any:
         with connections[self.using].cursor() as cursor:
@@ -397,6 +404,21 @@ def _step_columns(step: NewStep) -> dict[str, Any]:
         "queue": step.queue,
         "transactional": step.transactional,
     }
+
+
+def jsonb_order(value: Any) -> Any:
+    """A JSON value with object keys in the order ``jsonb`` keeps them: shorter keys
+    first, keys of one length in byte order.
+
+    A workflow replayed from a result read back from PostgreSQL then sees the same
+    key order as one replayed from the value this process just stored.
+    """
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda k: (len(k.encode()), k.encode()))
+        return {k: jsonb_order(value[k]) for k in keys}
+    if isinstance(value, list):
+        return [jsonb_order(v) for v in value]
+    return value
 
 
 def _jsonb(value: Any) -> str | None:

@@ -19,7 +19,7 @@ from pikku_django.dbclock import EpochMs
 from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError, hold_lease
 from pikku_django.models import RunStatus, StepKind, StepStatus
 from pikku_django.timers import call_later
-from pikku_django.workflows.engine import ClaimedStep, StepClaimer, WorkflowEngine
+from pikku_django.workflows.engine import CarriedRun, ClaimedStep, StepClaimer, WorkflowEngine
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.sql import CHANNEL
 
@@ -377,6 +377,7 @@ class Worker:
         done = 0
         until = time.monotonic() + CHAIN_SECONDS
         held: HeldLease | None = None
+        carried: CarriedRun | None = None
         try:
             while True:
                 if claimed is not None:
@@ -391,6 +392,9 @@ class Worker:
                     done += 1
                     if not chain or outcome not in ("succeeded", "failed"):
                         return done
+                    # No other pass can have run meanwhile only if the lease was kept.
+                    kept = held is not None and outcome == "succeeded"
+                    carried = claimed.carried if kept else None
                 if held is None:
                     held = self.engine.run_lease(run_id)
                     try:
@@ -403,8 +407,12 @@ class Worker:
                         self.engine._retry_pass_soon(run_id)
                         return done
                 claimed = self.engine.orchestrate(
-                    run_id, claimer=None if self.stopping.is_set() else claimer, held=held
+                    run_id,
+                    claimer=None if self.stopping.is_set() else claimer,
+                    held=held,
+                    carried=carried,
                 )
+                carried = None
                 self.passes += 1
                 done += 1
                 if claimed is None:
