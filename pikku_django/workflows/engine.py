@@ -64,7 +64,6 @@ from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.sql import (
     WAKE_NONE,
     WAKE_NOW,
-    WAKE_PASS,
     NewStep,
     notify_work,
     step_writes,
@@ -1199,8 +1198,8 @@ class WorkflowEngine:
     ) -> None:
         """Record the result of ``attempt``; WorkflowStepSupersededError if it was replaced.
 
-        ``wake`` wakes the step's run for any worker (True), not at all (False), or
-        ``"pass"``: marks it as passed next by this thread.
+        ``wake`` wakes the step's run for any worker (True), or not (False, or
+        ``"pass"``: this thread passes the run next).
         """
         try:
             payload = to_json(result, f"The result of step {step_id}")
@@ -1324,7 +1323,7 @@ class WorkflowEngine:
         step.status, step.attempt = StepStatus.SUCCEEDED, claimed.attempt
         step.result, step.error = self.writes.stored(result), None
         step.lease_expires_at = step.available_at = None
-        if wake:
+        if wake is True:
             carried.run.wakes += 1  # as the settle raised it (if the run still runs)
 
     def _function_missing(self, claimed: ClaimedStep) -> str:
@@ -1533,9 +1532,9 @@ def _step_columns(step: NewStep) -> dict[str, Any]:
 
 
 def _wake_mode(wake: bool | str) -> str:
-    if wake == "pass":
-        return WAKE_PASS
-    return WAKE_NOW if wake else WAKE_NONE
+    # "pass": the thread that settles the step passes its run next. Should it die
+    # first, the recovery sweep wakes the run (nothing is left in flight).
+    return WAKE_NOW if wake is True else WAKE_NONE
 
 
 class _NullLock:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
@@ -57,9 +57,10 @@ class NewStep:
     transactional: bool
 
 
-#: What a settled attempt does to its run: nothing, wake it for any worker now
-#: (and announce it), or mark it as passed by this thread next.
-WAKE_NONE, WAKE_NOW, WAKE_PASS = "none", "now", "pass"
+#: What a settled attempt does to its run: nothing (the thread that settled it
+#: passes it next, or a pass is not needed yet), or wake it for any worker now and
+#: announce it.
+WAKE_NONE, WAKE_NOW = "none", "now"
 
 
 class StepWrites:
@@ -73,15 +74,8 @@ class StepWrites:
         """``value`` (plain JSON) as a read of the stored column returns it."""
         return value
 
-    def _run_wake(self, wake: str) -> tuple[datetime, int] | None:
-        from pikku_django.conf import pikku_settings
-
-        now = self.engine.clock.now()
-        if wake == WAKE_NOW:
-            return now, 1
-        if wake == WAKE_PASS:
-            return now + timedelta(seconds=pikku_settings.RUN_PASS_TIMEOUT), 1
-        return None
+    def _run_wake(self, wake: str) -> datetime | None:
+        return self.engine.clock.now() if wake == WAKE_NOW else None
 
     def insert_settled(
         self,
@@ -144,9 +138,12 @@ class StepWrites:
                 StepAttempt.objects.using(self.using).create(
                     step_id=row.id, attempt=1, status=StepStatus.RUNNING, worker=worker[:255]
                 )
-                runs.filter(id=step.run_id, status=RunStatus.RUNNING, wakes=park_wakes).update(
-                    wake_at=None, updated_at=timezone.now()
-                )
+                runs.filter(
+                    id=step.run_id,
+                    status=RunStatus.RUNNING,
+                    wakes=park_wakes,
+                    wake_at__isnull=False,
+                ).update(wake_at=None, updated_at=timezone.now())
         except IntegrityError:
             return None
         return row.id
@@ -196,7 +193,7 @@ class StepWrites:
                 woken = (
                     WorkflowRun.objects.using(self.using)
                     .filter(id=run_id, status=RunStatus.RUNNING)
-                    .update(wake_at=run_wake[0], wakes=F("wakes") + 1, updated_at=now)
+                    .update(wake_at=run_wake, wakes=F("wakes") + 1, updated_at=now)
                 )
                 if woken and wake == WAKE_NOW:
                     self.engine.notify()
@@ -299,7 +296,8 @@ class PostgresStepWrites(StepWrites):
                 SELECT id, 1, %s, %s, %s FROM s
             ), r AS (
                 UPDATE pikku_workflow_run SET wake_at = NULL, updated_at = %s
-                WHERE id = %s AND status = %s AND wakes = %s AND EXISTS (SELECT 1 FROM s)
+                WHERE id = %s AND status = %s AND wakes = %s AND wake_at IS NOT NULL
+                    AND EXISTS (SELECT 1 FROM s)
             )
             SELECT id FROM s
         """
@@ -373,7 +371,7 @@ class PostgresStepWrites(StepWrites):
             err,
             step_id,
             attempt,
-            run_wake[0] if run_wake else None,
+            run_wake,
             now,
             run_wake is not None,
             RunStatus.RUNNING,
