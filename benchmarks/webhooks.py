@@ -10,7 +10,9 @@ is a new event. The two sides, per database:
   the source is looked up and must be enabled, the secret is read from its stored
   (encrypted) credential, the signature is verified, ``receive`` parses the JSON body,
   and the event is stored as a ``WebhookReceipt`` with a ``WorkflowRun`` started for
-  it (``start_workflow_on``), in one transaction. Nothing runs the workflows.
+  it (``start_workflow_on``), both or neither: one statement on PostgreSQL (which also
+  sends the workers' ``NOTIFY``), one transaction of two ``INSERT`` statements on
+  SQLite. Nothing runs the workflows.
 * ``bare``: ``/bench/bare/``, a plain Django view that stores the body and the
   delivery id with one ``INSERT`` (``RawDelivery``, a ``BinaryField``) and answers
   the same ``{"received": 1}``. No verification, no parsing.

@@ -1,18 +1,16 @@
 """Turning accepted events into durable work: a workflow run per event, started with
-the event's receipt in one transaction."""
+the event's receipt as one atomic unit."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from typing import Any
 
-from django.db import IntegrityError, transaction
-
-from pikku_django.models import WebhookReceipt
+from pikku_django.conf import pikku_settings
 from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, handler_for
-from pikku_django.workflows.engine import to_json
-from pikku_django.workflows.errors import NotSerializableError
+from pikku_django.webhooks.sql import NewEvent, store_event
 from pikku_django.workflows.registry import get_step, step, workflow
 
 logger = logging.getLogger(__name__)
@@ -20,6 +18,9 @@ logger = logging.getLogger(__name__)
 #: The workflow that runs a function handler as a retried step on a worker.
 DISPATCH_WORKFLOW = "pikku.webhooks.dispatch"
 CALL_HANDLER = "pikku.webhooks.call_handler"
+
+#: Event data as it is stored: plain JSON, no NaN or infinity.
+_encode = json.JSONEncoder(allow_nan=False).encode
 
 
 @step(name=CALL_HANDLER)
@@ -62,21 +63,16 @@ def accept_events(
     from pikku_django.workflows.api import get_engine
 
     engine = get_engine()
+    notify = bool(pikku_settings.WORKER_NOTIFY)
     accepted = 0
     for event in events:
         handler = handler_for(source.name, event.name)
         if handler is None:
             continue
         provider_id = provider_id_for(event, delivery_id, body)
-        payload = {
-            "source": source.name,
-            "event": event.name,
-            "id": provider_id,
-            "data": event.data,
-        }
         try:
-            payload = to_json(payload, f"Event {source.name}:{event.name}")
-        except NotSerializableError:
+            data_json = None if event.data is None else _encode(event.data)
+        except (TypeError, ValueError):
             logger.warning(
                 "Webhook %s:%s %s: its data is not JSON; dropped",
                 source.name,
@@ -84,27 +80,16 @@ def accept_events(
                 provider_id,
             )
             continue
-        key = f"webhook:{source.name}:{event.name}:{provider_id}"[:255]
-        if handler.workflow is not None:
-            workflow_name, run_input = handler.workflow, payload
-        else:
-            workflow_name, run_input = (
-                DISPATCH_WORKFLOW,
-                {"handler": handler.step, "event": payload},
-            )
-        try:
-            # The run first (MariaDB checks foreign keys at once), then the receipt,
-            # whose unique (source, event, provider id) refuses a redelivery.
-            with transaction.atomic(using=engine.using):
-                run = engine.create_run(workflow_name, run_input, idempotency_key=key)
-                WebhookReceipt.objects.using(engine.using).create(
-                    source=source.name,
-                    event=event.name,
-                    provider_id=provider_id,
-                    data=payload["data"],
-                    run=run,
-                )
-        except IntegrityError:
+        new = NewEvent(
+            source=source.name,
+            event=event.name,
+            provider_id=provider_id,
+            data_json=data_json,
+            workflow=handler.workflow if handler.workflow is not None else DISPATCH_WORKFLOW,
+            idempotency_key=f"webhook:{source.name}:{event.name}:{provider_id}"[:255],
+            handler=handler.step if handler.workflow is None else None,
+        )
+        if not store_event(engine.using, new, wake_at=engine.clock.now(), notify=notify):
             logger.info(
                 "Webhook %s:%s %s was already received; not dispatched again",
                 source.name,

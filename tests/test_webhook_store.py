@@ -1,0 +1,349 @@
+"""Storing accepted webhook events: receipt and run together, on every database."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from pikku_django.models import RunStatus, TriggerSource, WebhookReceipt, WorkflowRun
+from pikku_django.webhooks import WebhookEvent, credential_name, set_credential
+from pikku_django.webhooks.dispatch import DISPATCH_WORKFLOW, accept_events
+from pikku_django.webhooks.lifecycle import sync
+from pikku_django.webhooks.sql import NewEvent, store_event
+from pikku_django.workflows import get_engine
+from pikku_django.workflows.api import reset_engine
+from pikku_django.workflows.sql import CHANNEL
+from tests import webhook_defs
+from tests.conftest import database_alias, on_databases
+
+VENDORS = ("sqlite", "postgres", "mariadb")
+SECRET = "It's a Secret to Everybody"
+URL = "/pikku/webhooks/wh-github/"
+DATA = {"ref": "main", "n": [1, 2.5, None, "ü"]}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_engine() -> Iterator[None]:
+    reset_engine()
+    yield
+    reset_engine()
+
+
+def workflow_database(vendor: str, settings: Any, **pikku: Any) -> str:
+    """Put the workflow tables (runs and receipts) on ``vendor``'s database."""
+    alias = database_alias(vendor)
+    settings.PIKKU = {"WORKFLOW_DATABASE": alias, **pikku}
+    reset_engine()
+    return alias
+
+
+def new_event(
+    provider_id: str = "e-1", *, data: Any = DATA, handler: str | None = None
+) -> NewEvent:
+    """An event for wh-github:push; ``data=None`` is an event without data."""
+    return NewEvent(
+        source="wh-github",
+        event="push",
+        provider_id=provider_id,
+        data_json=None if data is None else json.dumps(data),
+        workflow=DISPATCH_WORKFLOW if handler else "wh.deploy",
+        idempotency_key=f"webhook:wh-github:push:{provider_id}",
+        handler=handler,
+    )
+
+
+def sign(body: bytes) -> str:
+    return "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+
+
+def post(client: Client, body: bytes, *, event: str = "push", delivery: str) -> Any:
+    return client.post(
+        URL,
+        body,
+        content_type="application/json",
+        HTTP_X_GITHUB_EVENT=event,
+        HTTP_X_GITHUB_DELIVERY=delivery,
+        HTTP_X_HUB_SIGNATURE_256=sign(body),
+    )
+
+
+@pytest.fixture
+def enabled() -> None:
+    sync()
+    TriggerSource.objects.filter(name="wh-github").update(enabled=True)
+    set_credential(credential_name("wh-github"), SECRET)
+
+
+def test_the_run_input_is_what_json_dumps_writes() -> None:
+    event = new_event('id "quoted" \\ ü\n', data={"a": [1, {"b": None}], "é": "\u2028"})
+    expected = {
+        "source": "wh-github",
+        "event": "push",
+        "id": 'id "quoted" \\ ü\n',
+        "data": {"a": [1, {"b": None}], "é": "\u2028"},
+    }
+    assert event.input_json() == json.dumps(expected)
+    wrapped = new_event("x", data=[1], handler="webhook:wh-github:push:fn")
+    assert json.loads(wrapped.input_json()) == {
+        "handler": "webhook:wh-github:push:fn",
+        "event": {"source": "wh-github", "event": "push", "id": "x", "data": [1]},
+    }
+    assert json.loads(new_event("x", data=None).input_json())["data"] is None
+
+
+@on_databases(*VENDORS)
+def test_a_new_event_stores_its_receipt_and_a_due_run(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    due = timezone.now() - timedelta(seconds=3)
+    before = timezone.now()
+    assert store_event(alias, new_event(), wake_at=due, notify=True) is True
+    receipt = WebhookReceipt.objects.using(alias).get()
+    run = WorkflowRun.objects.using(alias).get()
+    assert (receipt.source, receipt.event, receipt.provider_id) == ("wh-github", "push", "e-1")
+    assert receipt.data == DATA
+    assert receipt.run_id == run.id
+    assert before <= receipt.received_at <= timezone.now()
+    assert run.workflow == "wh.deploy"
+    assert run.status == RunStatus.RUNNING
+    assert run.wake_at == due
+    assert run.idempotency_key == "webhook:wh-github:push:e-1"
+    assert run.input == {
+        "source": "wh-github",
+        "event": "push",
+        "id": "e-1",
+        "data": DATA,
+    }
+    assert (run.output, run.error, run.suspend_reason, run.inline, run.wakes) == (
+        None,
+        None,
+        "",
+        False,
+        0,
+    )
+    assert before <= run.created_at == run.updated_at <= timezone.now()
+
+
+@on_databases(*VENDORS)
+def test_the_run_is_the_one_the_engine_would_create(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    engine = get_engine()
+    event = new_event("same")
+    with transaction.atomic(using=alias):
+        made = engine.create_run(
+            "wh.deploy", json.loads(event.input_json()), idempotency_key="engine-made"
+        )
+    assert store_event(alias, event, wake_at=engine.clock.now(), notify=True)
+    stored = WorkflowRun.objects.using(alias).exclude(id=made.id).get()
+    made.refresh_from_db()
+    skip = {"id", "idempotency_key", "wake_at", "created_at", "updated_at"}
+    for field in WorkflowRun._meta.concrete_fields:
+        if field.attname not in skip:
+            assert getattr(stored, field.attname) == getattr(made, field.attname), field.name
+
+
+@on_databases(*VENDORS)
+def test_event_without_data_stores_sql_null(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    assert store_event(alias, new_event(data=None), wake_at=timezone.now(), notify=True)
+    assert WebhookReceipt.objects.using(alias).filter(data__isnull=True).count() == 1
+    assert WorkflowRun.objects.using(alias).get().input["data"] is None
+
+
+@on_databases(*VENDORS)
+def test_a_redelivery_stores_nothing_and_starts_no_run(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    now = timezone.now()
+    assert store_event(alias, new_event("d"), wake_at=now, notify=True)
+    again = new_event("d", data={"ref": "other"})
+    assert store_event(alias, again, wake_at=now, notify=True) is False
+    assert WebhookReceipt.objects.using(alias).get().data["ref"] == "main"
+    assert WorkflowRun.objects.using(alias).count() == 1
+
+
+@on_databases(*VENDORS)
+def test_a_redelivery_after_its_run_was_pruned_starts_no_run(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    now = timezone.now()
+    assert store_event(alias, new_event("p"), wake_at=now, notify=True)
+    WorkflowRun.objects.using(alias).all().delete()
+    assert WebhookReceipt.objects.using(alias).get().run_id is None
+    assert store_event(alias, new_event("p"), wake_at=now, notify=True) is False
+    assert not WorkflowRun.objects.using(alias).exists()
+    assert WebhookReceipt.objects.using(alias).get().run_id is None
+
+
+@on_databases(*VENDORS)
+def test_a_taken_run_key_stores_no_receipt_either(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    WorkflowRun.objects.using(alias).create(
+        workflow="wh.deploy", idempotency_key="webhook:wh-github:push:k"
+    )
+    assert store_event(alias, new_event("k"), wake_at=timezone.now(), notify=True) is False
+    assert not WebhookReceipt.objects.using(alias).exists()
+    assert WorkflowRun.objects.using(alias).count() == 1
+
+
+@on_databases(*VENDORS)
+def test_in_a_transaction_a_refused_event_leaves_it_usable(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    now = timezone.now()
+    WorkflowRun.objects.using(alias).create(
+        workflow="wh.deploy", idempotency_key="webhook:wh-github:push:taken"
+    )
+    with transaction.atomic(using=alias):
+        assert store_event(alias, new_event("a"), wake_at=now, notify=True)
+        assert store_event(alias, new_event("a"), wake_at=now, notify=True) is False
+        assert store_event(alias, new_event("taken"), wake_at=now, notify=True) is False
+        assert store_event(alias, new_event("b"), wake_at=now, notify=True)
+        assert WebhookReceipt.objects.using(alias).count() == 2
+    assert sorted(WebhookReceipt.objects.using(alias).values_list("provider_id", flat=True)) == [
+        "a",
+        "b",
+    ]
+    assert WorkflowRun.objects.using(alias).count() == 3
+
+
+@on_databases(*VENDORS)
+def test_a_rolled_back_transaction_takes_receipt_and_run_back(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+        assert store_event(alias, new_event("r"), wake_at=timezone.now(), notify=True)
+        raise RuntimeError("the caller failed")
+    assert not WebhookReceipt.objects.using(alias).exists()
+    assert not WorkflowRun.objects.using(alias).exists()
+
+
+@on_databases(*VENDORS)
+def test_the_same_event_delivered_twice_at_once_is_stored_once(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    start = threading.Barrier(4)
+    results: list[bool] = []
+
+    def deliver() -> None:
+        try:
+            start.wait()
+            results.append(
+                store_event(alias, new_event("race"), wake_at=timezone.now(), notify=True)
+            )
+        finally:
+            connections[alias].close()
+
+    threads = [threading.Thread(target=deliver) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [False, False, False, True]
+    assert WebhookReceipt.objects.using(alias).count() == 1
+    assert WorkflowRun.objects.using(alias).count() == 1
+
+
+@on_databases("postgres")
+def test_postgres_stores_an_event_with_one_statement(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    connections[alias].ensure_connection()
+    with CaptureQueriesContext(connections[alias]) as captured:
+        assert store_event(alias, new_event(), wake_at=timezone.now(), notify=True)
+        assert store_event(alias, new_event(), wake_at=timezone.now(), notify=True) is False
+    assert [q["sql"][:4] for q in captured.captured_queries] == ["WITH", "WITH"]
+
+
+def listener(alias: str) -> Any:
+    """A psycopg connection to ``alias``'s database, listening on the work channel."""
+    template = connections[alias]
+    conn = type(template)(template.settings_dict, alias)
+    conn.ensure_connection()
+    raw = conn.connection
+    raw.autocommit = True
+    raw.execute(f"LISTEN {CHANNEL}")
+    return conn
+
+
+def heard(conn: Any, timeout: float = 0.5) -> int:
+    return sum(1 for _ in conn.connection.notifies(timeout=timeout, stop_after=1))
+
+
+@on_databases("postgres")
+def test_postgres_wakes_workers_when_the_run_is_committed(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    conn = listener(alias)
+    try:
+        now = timezone.now()
+        assert store_event(alias, new_event("n-1"), wake_at=now, notify=True)
+        assert heard(conn, timeout=5) == 1
+        assert store_event(alias, new_event("n-1"), wake_at=now, notify=True) is False
+        assert heard(conn) == 0
+        with transaction.atomic(using=alias):
+            assert store_event(alias, new_event("n-2"), wake_at=now, notify=True)
+            assert heard(conn) == 0
+        assert heard(conn, timeout=5) == 1
+        assert store_event(alias, new_event("n-3"), wake_at=now, notify=False)
+        assert heard(conn) == 0
+    finally:
+        conn.close()
+
+
+@on_databases("postgres")
+def test_postgres_worker_notify_off_sends_no_notification(
+    vendor: str, settings: Any, client: Client, enabled: None
+) -> None:
+    alias = workflow_database(vendor, settings, WORKER_NOTIFY=False)
+    conn = listener(alias)
+    try:
+        assert post(client, b'{"ref": "main"}', delivery="quiet").json() == {"received": 1}
+        assert heard(conn) == 0
+        settings.PIKKU = {"WORKFLOW_DATABASE": alias}
+        assert post(client, b'{"ref": "main"}', delivery="loud").json() == {"received": 1}
+        assert heard(conn, timeout=5) == 1
+    finally:
+        conn.close()
+
+
+@on_databases(*VENDORS)
+def test_the_view_stores_runs_workers_pick_up(
+    vendor: str, settings: Any, client: Client, enabled: None
+) -> None:
+    alias = workflow_database(vendor, settings)
+    webhook_defs.handled.clear()
+    first = post(client, b'{"ref": "main"}', delivery="v-1")
+    assert first.status_code == 200
+    assert first.content == b'{"received": 1}'
+    assert first["Content-Type"] == "application/json"
+    again = post(client, b'{"ref": "main"}', delivery="v-1")
+    assert (again.status_code, again.content) == (200, b'{"received": 0}')
+    assert post(client, b'{"number": 3}', event="issues", delivery="v-2").json() == {"received": 1}
+    assert WebhookReceipt.objects.using(alias).count() == 2
+    dispatched = WorkflowRun.objects.using(alias).get(workflow=DISPATCH_WORKFLOW)
+    assert dispatched.input["handler"].startswith("webhook:wh-github:issues:")
+    assert dispatched.input["event"] == {
+        "source": "wh-github",
+        "event": "issues",
+        "id": "v-2",
+        "data": {"number": 3},
+    }
+    get_engine().run_until_idle()
+    runs = {r.workflow: r for r in WorkflowRun.objects.using(alias)}
+    assert runs["wh.deploy"].status == RunStatus.COMPLETED
+    assert runs["wh.deploy"].output == {"deployed": "main", "delivery": "v-1"}
+    assert runs[DISPATCH_WORKFLOW].status == RunStatus.COMPLETED
+    assert [e["data"] for e in webhook_defs.handled] == [{"number": 3}]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("data", [{"ref": float("nan")}, {"ref": {"a", "set"}}, object()])
+def test_event_data_that_is_not_json_is_dropped(data: Any) -> None:
+    event = WebhookEvent("push", id="bad", data=data)
+    assert accept_events(webhook_defs.github, [event], delivery_id=None, body=b"{}") == 0
+    assert not WebhookReceipt.objects.exists()
+    assert not WorkflowRun.objects.exists()
