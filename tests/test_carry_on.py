@@ -359,3 +359,22 @@ def test_jsonb_order_is_the_order_postgresql_returns(alias: str) -> None:
     read = WorkflowRun.objects.using(alias).get(id=run.id).input
     assert list(read) != list(value)
     assert repr(jsonb_order(value)) == repr(read)
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "not-prepared"])
+@pytest.mark.parametrize(
+    "alias", [pytest.param("postgres", marks=db_mark("postgres"), id="postgres")], indirect=True
+)
+def test_postgres_statements_prepared_or_not(alias: str, prepared: bool, settings: Any) -> None:
+    settings.PIKKU = {**settings.PIKKU, "WORKFLOW_PREPARED_STATEMENTS": prepared}
+    engine = WorkflowEngine(alias, leases=InMemoryLeaseService())
+    assert engine.writes.prepared is prepared
+    run = engine.start(three)
+    Worker(engine, concurrency=1, until_idle=True, poll_interval=0.05, idle_grace=0).run()
+    assert engine.get_run(run.id).output == [0, 1, 2]
+    # The worker thread's connection is gone; this one prepares on its own.
+    engine.start(inline_fails)
+    engine.run_until_idle()
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert (cursor.fetchone()[0] > 0) is prepared

@@ -212,10 +212,35 @@ class PostgresStepWrites(StepWrites):
     def stored(self, value: Any) -> Any:
         return jsonb_order(value)
 
+    def __init__(self, engine: WorkflowEngine) -> None:
+        from pikku_django.conf import pikku_settings
+
+        super().__init__(engine)
+        self.prepared = bool(pikku_settings.WORKFLOW_PREPARED_STATEMENTS)
+
     def _execute(self, sql: str, params: list[Any]) -> Any:
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchone()
+        connection = connections[self.using]
+        if not self.prepared:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return cursor.fetchone()
+        import psycopg
+
+        # The engine's own statements bind server-side and are prepared, so the
+        # server plans each once per connection (the ORM's cursors bind client-side).
+        with connection.wrap_database_errors:
+            connection.ensure_connection()
+            connection.validate_no_broken_transaction()
+            raw = connection.connection
+            threshold = raw.prepare_threshold
+            if threshold is None:  # Django's default: psycopg then prepares nothing
+                raw.prepare_threshold = 5
+            try:
+                with psycopg.Cursor(raw) as cursor:
+                    cursor.execute(sql, params, prepare=True)
+                    return cursor.fetchone()
+            finally:
+                raw.prepare_threshold = threshold
 
     @staticmethod
     def _step_params(step: NewStep) -> list[Any]:
