@@ -378,3 +378,28 @@ def test_postgres_statements_prepared_or_not(alias: str, prepared: bool, setting
     with connections[alias].cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_prepared_statements")
         assert (cursor.fetchone()[0] > 0) is prepared
+
+
+def test_a_look_for_ready_steps_sees_only_the_queues_asked(engine: WorkflowEngine) -> None:
+    run = engine.start(three, {"queue": "mail"})
+    now = engine.clock.now()
+    exact = isinstance(engine.writes, PostgresStepWrites)  # elsewhere it always says yes
+    assert engine.writes.ready_steps_exist(now, []) is not exact  # no step yet
+    [run_id] = engine.claim_due_runs(1)
+    engine.orchestrate(run_id)  # s0 scheduled on "mail"
+    assert engine.writes.ready_steps_exist(now, []) is True
+    assert engine.writes.ready_steps_exist(now, ["mail", "x"]) is True
+    assert engine.writes.ready_steps_exist(now, ["other"]) is not exact
+    assert engine.claim_due_steps(["other"]) == []
+    engine.steps().filter(run_id=run.id).update(available_at=now + timedelta(seconds=5))
+    assert engine.writes.ready_steps_exist(now, ["mail"]) is not exact
+    assert engine.claim_due_steps(["mail"]) == []
+
+
+def test_claiming_due_runs_pushes_each_back_by_the_pass_timeout(engine: WorkflowEngine) -> None:
+    first, second = engine.start(three), engine.start(three)
+    claimed = engine.claim_due_runs(5)
+    assert sorted(claimed) == sorted([first.id, second.id])
+    until = engine.clock.now() + timedelta(seconds=300)
+    assert {engine.get_run(r).wake_at for r in claimed} == {until}
+    assert engine.claim_due_runs(5) == []

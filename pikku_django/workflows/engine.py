@@ -679,6 +679,11 @@ class WorkflowEngine:
     def _finish_run(
         self, run: WorkflowRun, status: str, *, output: Any = None, error: Any = None
     ) -> None:
+        changed = self.writes.finish_run(run.id, status, output, error)
+        if changed is not None:
+            if changed:
+                logger.info("Workflow run %s %s", run.id, status)
+            return
         with self.atomic():
             changed = (
                 self.runs()
@@ -1365,6 +1370,10 @@ class WorkflowEngine:
     def claim_due_runs(self, limit: int = 1) -> list[uuid.UUID]:
         """Runs that need a pass now; each is pushed back by the pass timeout meanwhile."""
         now = self.clock.now()
+        until = now + timedelta(seconds=pikku_settings.RUN_PASS_TIMEOUT)
+        claimed = self.writes.claim_due_runs(now, until, limit)
+        if claimed is not None:
+            return claimed
         with self._claims_serialised(), self.atomic():
             ids = list(
                 self.runs()
@@ -1374,9 +1383,7 @@ class WorkflowEngine:
                 .values_list("id", flat=True)[:limit]
             )
             if ids:
-                self.runs().filter(id__in=ids).update(
-                    wake_at=now + timedelta(seconds=pikku_settings.RUN_PASS_TIMEOUT)
-                )
+                self.runs().filter(id__in=ids).update(wake_at=until)
         return ids
 
     def claim_due_steps(
@@ -1384,6 +1391,8 @@ class WorkflowEngine:
     ) -> list[ClaimedStep]:
         """Claim queued steps that are ready: scheduled, due for retry, or whose claim lapsed."""
         now = self.clock.now()
+        if not self.writes.ready_steps_exist(now, list(queues or ())):
+            return []
         ready = (
             Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING), available_at__lte=now)
             | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1, available_at__lte=now)

@@ -199,6 +199,20 @@ class StepWrites:
                     self.engine.notify()
         return run_id
 
+    def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID] | None:
+        """Runs due at ``now``, each pushed back to ``until``; None where the caller's
+        ORM transaction does it instead."""
+        return None
+
+    def ready_steps_exist(self, now: datetime, queues: list[str]) -> bool:
+        """Whether a queued step may be ready to claim (a cheap look, before claiming)."""
+        return True
+
+    def finish_run(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool | None:
+        """End a run no parent step waits on: whether it changed; None where the
+        caller's ORM transaction must do it (another database, or a waiting parent)."""
+        return None
+
 
 class PostgresStepWrites(StepWrites):
     """The same writes, each as one PostgreSQL statement."""
@@ -219,11 +233,16 @@ class PostgresStepWrites(StepWrites):
         self.prepared = bool(pikku_settings.WORKFLOW_PREPARED_STATEMENTS)
 
     def _execute(self, sql: str, params: list[Any]) -> Any:
+        """The statement's first row (None if none)."""
+        rows = self._execute_all(sql, params)
+        return rows[0] if rows else None
+
+    def _execute_all(self, sql: str, params: list[Any]) -> list[Any]:
         connection = connections[self.using]
         if not self.prepared:
             with connection.cursor() as cursor:
                 cursor.execute(sql, params)
-                return cursor.fetchone()
+                return cursor.fetchall()
         import psycopg
 
         # The engine's own statements bind server-side and are prepared, so the
@@ -238,9 +257,64 @@ class PostgresStepWrites(StepWrites):
             try:
                 with psycopg.Cursor(raw) as cursor:
                     cursor.execute(sql, params, prepare=True)
-                    return cursor.fetchone()
+                    return cursor.fetchall()
             finally:
                 raw.prepare_threshold = threshold
+
+    def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID] | None:
+        sql = """
+            UPDATE pikku_workflow_run SET wake_at = %s
+            WHERE id IN (
+                SELECT id FROM pikku_workflow_run
+                WHERE status = %s AND NOT inline AND wake_at <= %s
+                ORDER BY wake_at LIMIT %s
+                FOR UPDATE SKIP LOCKED
+            )
+            RETURNING id
+        """
+        return [row[0] for row in self._execute_all(sql, [until, RunStatus.RUNNING, now, limit])]
+
+    def ready_steps_exist(self, now: datetime, queues: list[str]) -> bool:
+        sql = f"""
+            SELECT 1 FROM pikku_workflow_step
+            WHERE kind = 'queued' AND (
+                (status IN ('scheduled', 'pending') AND available_at <= %s)
+                OR (status = 'failed' AND attempt < retries + 1 AND available_at <= %s)
+                OR (status = 'running' AND lease_expires_at < {POSTGRESQL_NOW_MS})
+            ) AND (%s OR queue = ANY(%s))
+            LIMIT 1
+        """
+        return self._execute(sql, [now, now, not queues, queues]) is not None
+
+    def finish_run(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool | None:
+        # Only a run no parent step waits on: a parent's step settles in the same
+        # transaction as its child's end, which the ORM path does.
+        sql = """
+            WITH p AS (
+                SELECT EXISTS (
+                    SELECT 1 FROM pikku_workflow_step WHERE child_run_id = %s AND status = %s
+                ) AS waiting
+            ), r AS (
+                UPDATE pikku_workflow_run
+                SET status = %s, output = %s::jsonb, error = %s::jsonb, wake_at = NULL,
+                    updated_at = %s
+                WHERE id = %s AND status = %s AND NOT (SELECT waiting FROM p)
+                RETURNING id
+            )
+            SELECT EXISTS (SELECT 1 FROM r), (SELECT waiting FROM p)
+        """
+        params = [
+            run_id,
+            StepStatus.RUNNING,
+            status,
+            _jsonb(output),
+            _jsonb(error),
+            timezone.now(),
+            run_id,
+            RunStatus.RUNNING,
+        ]
+        changed, waiting = self._execute(sql, params)
+        return None if waiting else bool(changed)
 
     @staticmethod
     def _step_params(step: NewStep) -> list[Any]:
