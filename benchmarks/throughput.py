@@ -10,7 +10,12 @@ contention):
   over the window from the commit that created every run to the last run's
   completion (its ``updated_at``), and claim latency: for each step, its attempt's
   ``started_at`` minus the step's ``created_at`` (when the pass scheduled it, which
-  is also its ``available_at``), from the rows after the run;
+  is also its ``available_at``), from the rows after the run. A worker thread
+  stores the step its own pass reaches already claimed (its attempt starts in the
+  same statement), so for those steps this is 0 by construction; the column
+  "step to step" is therefore printed too: each step's attempt start minus the end
+  of the step before it in its run, which includes the orchestration pass between
+  them;
 - pikku inline: the same workflow with its steps run inline in the orchestration
   pass (``ctx.do(name, plain_function)``): steps per second;
 - Procrastinate: the same number of no-op jobs (an ``async`` task that returns at
@@ -162,6 +167,24 @@ def claim_latencies_ms(ids: list[Any]) -> list[float]:
     return [(started - created).total_seconds() * 1000 for started, created in rows.iterator()]
 
 
+def step_gaps_ms(ids: list[Any]) -> list[float]:
+    """Per queued step after a run's first: its first attempt's start minus the end of
+    the attempt before it in the run, in ms (the pass between them included)."""
+    from pikku_django.models import StepAttempt
+
+    rows = (
+        StepAttempt.objects.filter(step__run_id__in=ids, step__kind="queued", attempt=1)
+        .order_by("step__run_id", "step_id")
+        .values_list("step__run_id", "started_at", "finished_at")
+    )
+    gaps, last = [], (None, None)
+    for run_id, started, finished in rows.iterator():
+        if run_id == last[0] and last[1] is not None:
+            gaps.append((started - last[1]).total_seconds() * 1000)
+        last = (run_id, finished)
+    return gaps
+
+
 def server_transactions(url: str) -> int:
     """Transactions committed in the database so far (the server's own count)."""
     import psycopg
@@ -193,6 +216,7 @@ def measure_pikku(
         if len(lat) != steps:
             raise BenchError(f"{len(lat)} first attempts for {steps} steps")
         out.update(latency_summary(lat))
+        out.update(gap_summary(step_gaps_ms(ids)))
     if count_transactions:
         time.sleep(1.2)  # the server publishes its counters at most a second late
         # Every poll of this script was one transaction too (the two counts as well).
@@ -209,13 +233,24 @@ def latency_summary(lat: list[float]) -> dict[str, float]:
     }
 
 
+def gap_summary(gaps: list[float]) -> dict[str, float]:
+    if not gaps:
+        return {}
+    return {
+        "step_gap_p50_ms": round(percentile(gaps, 50), 2),
+        "step_gap_p95_ms": round(percentile(gaps, 95), 2),
+    }
+
+
 def measure_pikku_latency_one_at_a_time(args: argparse.Namespace) -> dict[str, Any]:
     lat: list[float] = []
+    gaps: list[float] = []
     for _ in range(args.latency_runs):
         ids, _ = start_runs(QUEUED, 1, args.steps)
         wait_completed(ids, args.timeout, every=0.005)
         lat += claim_latencies_ms(ids)
-    return {"steps": len(lat), **latency_summary(lat)}
+        gaps += step_gaps_ms(ids)
+    return {"steps": len(lat), **latency_summary(lat), **gap_summary(gaps)}
 
 
 def reset_pikku_database() -> str:
@@ -685,6 +720,7 @@ def table(report: dict[str, Any], targets: dict[str, Any], args: argparse.Namesp
         "processes",
         "pikku queued steps/s",
         "claim p50 / p95",
+        "step to step p50 / p95",
         "Procrastinate jobs/s",
         "its claim p50 / p95",
         "pikku inline steps/s",
@@ -699,6 +735,9 @@ def table(report: dict[str, Any], targets: dict[str, Any], args: argparse.Namesp
                 n,
                 f"{q['steps_per_s']:.1f}",
                 f"{q['claim_latency_p50_ms']:.1f} / {q['claim_latency_p95_ms']:.1f} ms",
+                f"{q['step_gap_p50_ms']:.1f} / {q['step_gap_p95_ms']:.1f} ms"
+                if "step_gap_p50_ms" in q
+                else "-",
                 f"{p['jobs_per_s']:.1f}" if p else "-",
                 f"{p['claim_latency_p50_ms']:.1f} / {p['claim_latency_p95_ms']:.1f} ms"
                 if p
@@ -715,6 +754,11 @@ def table(report: dict[str, Any], targets: dict[str, Any], args: argparse.Namesp
             f"claim latency one run at a time (1 idle worker, {a['steps']} steps): pikku p50 "
             f"{a['claim_latency_p50_ms']:.2f} ms, p95 {a['claim_latency_p95_ms']:.2f} ms"
         )
+        if "step_gap_p50_ms" in a:
+            line += (
+                f" (step to step p50 {a['step_gap_p50_ms']:.2f} ms, "
+                f"p95 {a['step_gap_p95_ms']:.2f} ms)"
+            )
         if "one_at_a_time" in one.get("procrastinate", {}):
             b = one["procrastinate"]["one_at_a_time"]
             line += (
