@@ -403,3 +403,19 @@ def test_claiming_due_runs_pushes_each_back_by_the_pass_timeout(engine: Workflow
     until = engine.clock.now() + timedelta(seconds=300)
     assert {engine.get_run(r).wake_at for r in claimed} == {until}
     assert engine.claim_due_runs(5) == []
+
+
+def test_a_run_passed_elsewhere_is_woken_again_a_second_later(alias: str) -> None:
+    leases = InMemoryLeaseService()
+    engine = WorkflowEngine(alias, leases=leases)
+    run = engine.start(three)
+    other = leases.acquire(f"workflow-run:{run.id}", "another worker", 60_000)
+    worker = Worker(engine, concurrency=1, until_idle=True, poll_interval=0.05, idle_grace=0)
+    before = engine.clock.now()
+    assert worker._one_unit() == 0
+    woken = engine.get_run(run.id)
+    assert before < woken.wake_at <= engine.clock.now() + timedelta(seconds=1)
+    assert not engine.steps().filter(run_id=run.id).exists()
+    leases.release(other)
+    Worker(engine, concurrency=1, until_idle=True, poll_interval=0.05, idle_grace=5).run()
+    assert engine.get_run(run.id).output == [0, 1, 2]

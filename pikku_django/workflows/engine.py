@@ -557,7 +557,7 @@ class WorkflowEngine:
                 held.vouch()
         except DatabaseError:
             logger.exception("An orchestration pass of run %s hit a database error", run.id)
-            self._retry_pass_soon(run.id)
+            self.retry_pass_soon(run.id)
         except (LeaseTakenError, LeaseLostError) as exc:
             current = self.runs().filter(id=run.id).only("status").first()
             if current is not None and current.status == RunStatus.RUNNING:
@@ -566,13 +566,13 @@ class WorkflowEngine:
                     run.id,
                     type(exc).__name__,
                 )
-                self._retry_pass_soon(run.id)
+                self.retry_pass_soon(run.id)
             # else: the pass wrote its outcome; it stands
         # A step claimed by the pass is fenced by its own attempt: it runs even if
         # the run lease was lost afterwards.
         return claimed
 
-    def _retry_pass_soon(self, run_id: uuid.UUID) -> None:
+    def retry_pass_soon(self, run_id: uuid.UUID) -> None:
         """Wake a run a second from now: spends no retry budget."""
         try:
             self.runs().filter(id=run_id, status=RunStatus.RUNNING).update(

@@ -396,15 +396,8 @@ class Worker:
                     kept = held is not None and outcome == "succeeded"
                     carried = claimed.carried if kept else None
                 if held is None:
-                    held = self.engine.run_lease(run_id)
-                    try:
-                        held.__enter__()
-                    except LeaseTakenError:
-                        held = None
-                        logger.info(
-                            "Run %s is orchestrated elsewhere; waking it again shortly", run_id
-                        )
-                        self.engine._retry_pass_soon(run_id)
+                    held = self._take_run_lease(run_id)
+                    if held is None:
                         return done
                 claimed = self.engine.orchestrate(
                     run_id,
@@ -420,6 +413,17 @@ class Worker:
         finally:
             if held is not None:
                 self._give_back(held)
+
+    def _take_run_lease(self, run_id: Any) -> HeldLease | None:
+        """The run's lease, held until :meth:`_give_back`; None (the run woken again
+        shortly) while another worker passes the run."""
+        held = self.engine.run_lease(run_id)
+        try:
+            return held.__enter__()
+        except LeaseTakenError:
+            logger.info("Run %s is orchestrated elsewhere; waking it again shortly", run_id)
+            self.engine.retry_pass_soon(run_id)
+            return None
 
     def _give_back(self, held: HeldLease) -> None:
         """Release a run lease held across passes; each pass vouched for itself."""
