@@ -26,9 +26,10 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_TTL_MS": 30_000,
     # The DATABASES alias that holds workflow runs, steps and attempts.
     "WORKFLOW_DATABASE": "default",
-    # PostgreSQL: prepare the engine's own hot-path statements on the workflow
-    # connection (off behind PgBouncer before 1.21 in transaction mode).
-    "WORKFLOW_PREPARED_STATEMENTS": True,
+    # PostgreSQL: prepare pikku_django's own hot-path statements (steps, webhook
+    # events) on Django's connection (off behind PgBouncer before 1.21 in
+    # transaction mode).
+    "PREPARED_STATEMENTS": True,
     # Defaults of every step: retries after the first attempt, the delay before
     # a retry (seconds, a timedelta or text like "5s"), and "fixed" or
     # "exponential" backoff (the delay doubles after each failed attempt).

@@ -366,7 +366,7 @@ def test_jsonb_order_is_the_order_postgresql_returns(alias: str) -> None:
     "alias", [pytest.param("postgres", marks=db_mark("postgres"), id="postgres")], indirect=True
 )
 def test_postgres_statements_prepared_or_not(alias: str, prepared: bool, settings: Any) -> None:
-    settings.PIKKU = {**settings.PIKKU, "WORKFLOW_PREPARED_STATEMENTS": prepared}
+    settings.PIKKU = {**settings.PIKKU, "PREPARED_STATEMENTS": prepared}
     engine = WorkflowEngine(alias, leases=InMemoryLeaseService())
     assert engine.writes.prepared is prepared
     run = engine.start(three)

@@ -147,16 +147,15 @@ def source_state(source_name: str, credential: str | None, using: str = "default
 
     Returns ``(enabled, values)``; ``enabled`` is None for an unknown source.
     """
-    from django.db import connections
+    from pikku_django.prepared import fetch
 
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT s.enabled, c.ciphertext FROM pikku_trigger_source s "
-            "LEFT JOIN pikku_credential_value c ON c.credential = %s AND c.active = %s "
-            "WHERE s.name = %s ORDER BY c.created_at DESC",
-            [credential or "", True, source_name],
-        )
-        rows = cursor.fetchall()
+    rows = fetch(
+        using,
+        "SELECT s.enabled, c.ciphertext FROM pikku_trigger_source s "
+        "LEFT JOIN pikku_credential_value c ON c.credential = %s AND c.active = %s "
+        "WHERE s.name = %s ORDER BY c.created_at DESC",
+        [credential or "", True, source_name],
+    )
     if not rows:
         return None, []
     values = configured_values(credential) if credential else []

@@ -22,6 +22,7 @@ from django.db.models import Model
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, WebhookReceipt, WorkflowRun
+from pikku_django.prepared import fetch
 from pikku_django.workflows.sql import CHANNEL, notify_work
 
 logger = logging.getLogger(__name__)
@@ -187,9 +188,6 @@ def _run_single(using: str, sql: str, params: list[Any]) -> bool:
     connection = connections[using]
     if connection.in_atomic_block or not connection.get_autocommit():
         # Inside the caller's transaction: a savepoint, so a refused run leaves it usable.
-        with transaction.atomic(using=using), connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return bool(cursor.fetchall())
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return bool(cursor.fetchall())
+        with transaction.atomic(using=using):
+            return bool(fetch(using, sql, params))
+    return bool(fetch(using, sql, params))

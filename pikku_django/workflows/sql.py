@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from pikku_django.dbclock import POSTGRESQL_NOW_MS, EpochMs
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.prepared import fetch, fetch_one
 
 if TYPE_CHECKING:
     from pikku_django.workflows.engine import WorkflowEngine
@@ -226,40 +227,19 @@ class PostgresStepWrites(StepWrites):
     def stored(self, value: Any) -> Any:
         return jsonb_order(value)
 
-    def __init__(self, engine: WorkflowEngine) -> None:
+    @property
+    def prepared(self) -> bool:
+        """Whether the statements are prepared (see :mod:`pikku_django.prepared`)."""
         from pikku_django.conf import pikku_settings
 
-        super().__init__(engine)
-        self.prepared = bool(pikku_settings.WORKFLOW_PREPARED_STATEMENTS)
+        return bool(pikku_settings.PREPARED_STATEMENTS)
 
     def _execute(self, sql: str, params: list[Any]) -> Any:
         """The statement's first row (None if none)."""
-        rows = self._execute_all(sql, params)
-        return rows[0] if rows else None
+        return fetch_one(self.using, sql, params)
 
     def _execute_all(self, sql: str, params: list[Any]) -> list[Any]:
-        connection = connections[self.using]
-        if not self.prepared:
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                return cursor.fetchall()
-        import psycopg
-
-        # The engine's own statements bind server-side and are prepared, so the
-        # server plans each once per connection (the ORM's cursors bind client-side).
-        with connection.wrap_database_errors:
-            connection.ensure_connection()
-            connection.validate_no_broken_transaction()
-            raw = connection.connection
-            threshold = raw.prepare_threshold
-            if threshold is None:  # Django's default: psycopg then prepares nothing
-                raw.prepare_threshold = 5
-            try:
-                with psycopg.Cursor(raw) as cursor:
-                    cursor.execute(sql, params, prepare=True)
-                    return cursor.fetchall()
-            finally:
-                raw.prepare_threshold = threshold
+        return fetch(self.using, sql, params)
 
     def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID] | None:
         sql = """
