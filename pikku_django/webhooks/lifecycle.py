@@ -249,7 +249,7 @@ def orphans() -> list[str]:
     names = {s.name for s in sources()}
     found = set(
         TriggerSource.objects.filter(declared=False)
-        .exclude(state=None)
+        .filter(state__isnull=False)
         .values_list("name", flat=True)
     )
     dev = _dev_registrations()
