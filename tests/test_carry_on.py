@@ -23,6 +23,7 @@ from pikku_django.workflows import FakeClock, WorkflowEngine, step, workflow
 from pikku_django.workflows import worker as worker_module
 from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.engine import StepClaimer
+from pikku_django.workflows.errors import StepFunctionNotFoundError
 from pikku_django.workflows.sql import NewStep, PostgresStepWrites
 from pikku_django.workflows.worker import Worker
 from tests.conftest import database_alias, db_mark
@@ -419,3 +420,24 @@ def test_a_run_passed_elsewhere_is_woken_again_a_second_later(alias: str) -> Non
     leases.release(other)
     Worker(engine, concurrency=1, until_idle=True, poll_interval=0.05, idle_grace=5).run()
     assert engine.get_run(run.id).output == [0, 1, 2]
+
+
+@workflow(name="carry_inline_missing")
+def inline_missing(ctx: WorkflowContext, inp: Any) -> Any:
+    def dispatch_to_handler() -> None:
+        raise StepFunctionNotFoundError("billing.charge")
+
+    return ctx.do("dispatch", dispatch_to_handler)
+
+
+def test_an_inline_step_missing_its_function_suspends_the_run(engine: WorkflowEngine) -> None:
+    run = engine.start(inline_missing)
+    engine.run_until_idle()
+    run = engine.get_run(run.id)
+    assert run.status == RunStatus.SUSPENDED
+    assert run.suspend_reason.startswith("RPC_NOT_FOUND")
+    assert "billing.charge" in run.suspend_reason
+    row = engine.steps().get(run_id=run.id, name="dispatch")
+    assert (row.status, row.attempt) == (StepStatus.SUSPENDED, 0)
+    assert row.error["code"] == "RPC_NOT_FOUND"
+    assert not engine.attempts().filter(step_id=row.id).exists()

@@ -66,6 +66,7 @@ from pikku_django.workflows.sql import (
     WAKE_NOW,
     NewStep,
     notify_work,
+    step_columns,
     step_writes,
 )
 
@@ -653,9 +654,7 @@ class WorkflowEngine:
             # Stored meanwhile by another pass, or the run stopped running: look again.
             self.wake_run(run.id)
             return None
-        row = WorkflowStep(
-            id=step_id, **_step_columns(new), run_id=run.id, status=StepStatus.RUNNING, attempt=1
-        )
+        row = WorkflowStep(id=step_id, **step_columns(new), status=StepStatus.RUNNING, attempt=1)
         ctx._remember(row)
         return ClaimedStep(
             step_id=step_id,
@@ -1031,9 +1030,11 @@ class WorkflowEngine:
             except _StepExistsError:
                 logger.warning("Step %s was stored by another pass; its result stands", name)
             except StepFunctionNotFoundError as exc:
+                columns = step_columns(new)
+                del columns["run_id"]  # given as the run
                 self._create_step(
                     run,
-                    **_step_columns(new),
+                    **columns,
                     status=StepStatus.SUSPENDED,
                     error=serialize_error(exc),
                 )
@@ -1534,10 +1535,6 @@ class _Settled:
 
 class _StepExistsError(Exception):
     """The step was stored by another pass: roll back this attempt's writes."""
-
-
-def _step_columns(step: NewStep) -> dict[str, Any]:
-    return {f.name: getattr(step, f.name) for f in dataclasses.fields(step) if f.name != "run_id"}
 
 
 def _wake_mode(wake: bool | str) -> str:

@@ -94,7 +94,7 @@ class StepWrites:
         try:
             with transaction.atomic(using=self.using):
                 row = WorkflowStep.objects.using(self.using).create(
-                    **_step_columns(step),
+                    **step_columns(step),
                     status=status,
                     result=result,
                     error=error,
@@ -130,7 +130,7 @@ class StepWrites:
                 if not runs.filter(id=step.run_id, status=RunStatus.RUNNING).exists():
                     return None  # only a running run's steps are claimed
                 row = WorkflowStep.objects.using(self.using).create(
-                    **_step_columns(step),
+                    **step_columns(step),
                     status=StepStatus.RUNNING,
                     attempt=1,
                     available_at=None,
@@ -468,7 +468,8 @@ def step_writes(engine: WorkflowEngine) -> StepWrites:
     return StepWrites(engine)
 
 
-def _step_columns(step: NewStep) -> dict[str, Any]:
+def step_columns(step: NewStep) -> dict[str, Any]:
+    """A new step's columns as model field values."""
     return {
         "run_id": step.run_id,
         "name": step.name,
