@@ -24,7 +24,7 @@ from pikku_django.workflows import worker as worker_module
 from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.engine import StepClaimer
 from pikku_django.workflows.errors import StepFunctionNotFoundError
-from pikku_django.workflows.sql import NewStep, PostgresStepWrites
+from pikku_django.workflows.sql import NewStep, PostgresStepWrites, Settled
 from pikku_django.workflows.worker import Worker
 from tests.conftest import database_alias, db_mark
 
@@ -188,7 +188,8 @@ def test_a_settle_of_a_replaced_attempt_writes_nothing(engine: WorkflowEngine) -
     [second] = engine.claim_due_steps()
     assert second.attempt == 2
     assert engine.writes.settle(first.step_id, 1, StepStatus.SUCCEEDED, result="stale") is None
-    assert engine.writes.settle(second.step_id, 2, StepStatus.SUCCEEDED, result=2) == run_id
+    settled = engine.writes.settle(second.step_id, 2, StepStatus.SUCCEEDED, result=2)
+    assert settled == Settled(run_id, RunStatus.RUNNING, engine.get_run(run_id).wakes, 2)
     row = engine.steps().get(id=first.step_id)
     assert (row.status, row.result, row.lease_expires_at) == (StepStatus.SUCCEEDED, 2, None)
     stale, fresh = engine.attempts().filter(step_id=row.id).order_by("attempt")
@@ -349,19 +350,6 @@ def test_a_carried_run_replays_results_in_stored_key_order(alias: str, wf: Any) 
         assert engine.steps().get(run_id=run.id, name=name).result == sku
 
 
-@pytest.mark.parametrize(
-    "alias", [pytest.param("postgres", marks=db_mark("postgres"), id="postgres")], indirect=True
-)
-def test_jsonb_order_is_the_order_postgresql_returns(alias: str) -> None:
-    from pikku_django.workflows.sql import jsonb_order
-
-    value = {"bb": 1, "a": {"zz": [{"ccc": 1, "d": 2}], "y": None}, "é": 2, "e": 3, "": 0}
-    run = WorkflowRun.objects.using(alias).create(workflow="x", input=value)
-    read = WorkflowRun.objects.using(alias).get(id=run.id).input
-    assert list(read) != list(value)
-    assert repr(jsonb_order(value)) == repr(read)
-
-
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "not-prepared"])
 @pytest.mark.parametrize(
     "alias", [pytest.param("postgres", marks=db_mark("postgres"), id="postgres")], indirect=True
@@ -441,3 +429,180 @@ def test_an_inline_step_missing_its_function_suspends_the_run(engine: WorkflowEn
     assert (row.status, row.attempt) == (StepStatus.SUSPENDED, 0)
     assert row.error["code"] == "RPC_NOT_FOUND"
     assert not engine.attempts().filter(step_id=row.id).exists()
+
+
+# -- what a carried pass must not change ----------------------------------------------
+
+CHARGES: list[str] = []
+CARRY: dict[str, Any] = {}
+
+
+@step(name="carry_same")
+def same(data: Any) -> Any:
+    if data == "cancel me":
+        # The run is cancelled (from the admin, say) while this step runs.
+        def cancel() -> None:
+            try:
+                WorkflowEngine(CARRY["alias"]).cancel(CARRY["run"])
+            finally:
+                connections[CARRY["alias"]].close()
+
+        other = threading.Thread(target=cancel)
+        other.start()
+        other.join()
+    return data
+
+
+@workflow(name="carry_inline_then_queued")
+def inline_then_queued(ctx: WorkflowContext, inp: Any) -> list[Any]:
+    def charge() -> str:
+        CHARGES.append(str(ctx.run_id))
+        return "charged"
+
+    return [ctx.do("charge", charge), ctx.do("q1", same, 1), ctx.do("q2", same, 2)]
+
+
+def test_an_inline_step_before_queued_ones_runs_once(alias: str) -> None:
+    engine = WorkflowEngine(alias)
+    run = engine.start(inline_then_queued)
+    Worker(engine, concurrency=1, until_idle=True, poll_interval=0.05, idle_grace=0).run()
+    assert engine.get_run(run.id).output == ["charged", 1, 2]
+    assert CHARGES.count(str(run.id)) == 1
+
+
+@workflow(name="carry_cancelled_meanwhile")
+def cancelled_meanwhile(ctx: WorkflowContext, inp: Any) -> list[Any]:
+    first = ctx.do("q1", same, "cancel me")
+    return [first, ctx.do("ship", lambda: CHARGES.append(f"shipped {ctx.run_id}"))]
+
+
+def test_a_run_cancelled_during_a_carried_step_is_not_passed_again(alias: str) -> None:
+    engine = WorkflowEngine(alias)
+    run = engine.start(cancelled_meanwhile)
+    CARRY.update(alias=alias, run=run.id)
+    Worker(engine, concurrency=1, until_idle=True, poll_interval=0.05, idle_grace=0).run()
+    assert engine.get_run(run.id).status == RunStatus.CANCELLED
+    assert f"shipped {run.id}" not in CHARGES
+    assert list(engine.steps().filter(run_id=run.id).values_list("name", flat=True)) == ["q1"]
+
+
+@step(name="carry_pair")
+def pair() -> list[str]:
+    return ["a", "b"]
+
+
+@workflow(name="carry_changes_its_input")
+def changes_its_input(ctx: WorkflowContext, inp: dict[str, Any]) -> list[Any]:
+    n = inp.pop("n")
+    return [ctx.do("q1", same, n), ctx.do("q2", same, n + 1)]
+
+
+@workflow(name="carry_changes_a_result")
+def changes_a_result(ctx: WorkflowContext, inp: Any) -> list[Any]:
+    items = ctx.do("items", pair)
+    items.append("local")
+    return [ctx.do("q1", same, len(items)), ctx.do("q2", same, len(items))]
+
+
+@pytest.mark.parametrize(
+    ("wf", "expected"),
+    [(changes_its_input, [5, 6]), (changes_a_result, [3, 3])],
+    ids=["input", "result"],
+)
+def test_workflow_code_may_change_its_input_and_results(
+    alias: str, wf: Any, expected: list[int]
+) -> None:
+    engine = WorkflowEngine(alias)
+    run = engine.start(wf, {"n": 5})
+    Worker(engine, concurrency=1, until_idle=True, poll_interval=0.05, idle_grace=0).run()
+    run = engine.get_run(run.id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, expected), run.error
+
+
+ATTEMPT_INPUTS: list[Any] = []
+
+
+@workflow(name="carry_consumes_its_input")
+def consumes_its_input(ctx: WorkflowContext, inp: Any) -> Any:
+    def charge(data: dict[str, Any]) -> str:
+        ATTEMPT_INPUTS.append(dict(data))
+        card = data.pop("card")
+        if len(ATTEMPT_INPUTS) == 1:
+            raise RuntimeError("gateway timeout")
+        return card
+
+    return ctx.do("charge", charge, {"card": "4242"}, retries=2, retry_delay=1)
+
+
+def test_an_inline_retry_gets_the_input_as_given(engine: WorkflowEngine) -> None:
+    ATTEMPT_INPUTS.clear()
+    run = engine.start(consumes_its_input)
+    engine.run_until_idle()
+    assert engine.steps().get(run_id=run.id, name="charge").input == {"card": "4242"}
+    engine.clock.advance(2)
+    engine.run_until_idle()
+    assert engine.get_run(run.id).output == "4242"
+    assert ATTEMPT_INPUTS == [{"card": "4242"}, {"card": "4242"}]
+
+
+SHOWN: list[str] = []
+
+
+@step(name="carry_odd_numbers")
+def odd_numbers() -> dict[str, Any]:
+    return {"amount": 1e20, "neg": -0.0, "zz": 1, "a": 2}
+
+
+@step(name="carry_show")
+def show(data: Any) -> str:
+    SHOWN.append(repr(data))
+    return repr(data)
+
+
+@workflow(name="carry_as_stored")
+def as_stored(ctx: WorkflowContext, inp: Any) -> list[str]:
+    numbers = ctx.do("numbers", odd_numbers)
+    shown = ctx.do("show", show, {"zz": 1, "a": 2})
+    return [repr(numbers), shown, repr(ctx.do("inline", odd_numbers, queued=False))]
+
+
+def test_a_carried_pass_sees_values_as_a_read_returns_them(alias: str) -> None:
+    engine = WorkflowEngine(alias)
+    run = engine.start(as_stored)
+    Worker(engine, concurrency=1, until_idle=True, poll_interval=0.05, idle_grace=0).run()
+    run = engine.get_run(run.id)
+    steps = {s.name: s for s in engine.steps().filter(run_id=run.id)}
+    # What each pass saw equals what a fresh read of the database returns.
+    assert run.output == [
+        repr(steps["numbers"].result),
+        repr(steps["show"].input),
+        repr(steps["inline"].result),
+    ]
+    assert SHOWN[-1] == repr(steps["show"].input)
+
+
+class FlakyLeases(InMemoryLeaseService):
+    """A lease store whose second acquire of a run lease fails (a network blip)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.acquires = 0
+
+    def acquire(self, key: str, holder: str, ttl_ms: int) -> Any:
+        if key.startswith("workflow-run:"):
+            self.acquires += 1
+            if self.acquires == 2:
+                raise ConnectionError("lease store unreachable")
+        return super().acquire(key, holder, ttl_ms)
+
+
+def test_a_pass_owed_after_a_lease_error_is_left_to_any_worker(alias: str, settings: Any) -> None:
+    # A step lease shorter than the run lease: the run lease is given back before
+    # the step, and taking it again for the next pass fails.
+    settings.PIKKU = {**settings.PIKKU, "STEP_LEASE_MS": 20_000, "RUN_LEASE_MS": 30_000}
+    engine = WorkflowEngine(alias, leases=FlakyLeases())
+    run = engine.start(three)
+    worker = Worker(engine, concurrency=1, until_idle=True, poll_interval=0.05, idle_grace=3)
+    worker.run()
+    assert worker.errors == 1
+    assert engine.get_run(run.id).output == [0, 1, 2]

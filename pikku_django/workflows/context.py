@@ -7,6 +7,7 @@ and the first step that is not settled ends the pass.
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -46,7 +47,7 @@ class WorkflowContext:
         self.engine = engine
         self.run = run
         self.run_id = run.id
-        self.input = run.input
+        self.input = fresh(run.input)
         self._steps = steps
         self._seen: defaultdict[str, int] = defaultdict(int)
         #: Set by a worker's pass: the queued step this pass reaches is claimed for
@@ -145,7 +146,7 @@ class WorkflowContext:
 
     def _settled_or_pause(self, step: WorkflowStep) -> Any:
         if step.status == StepStatus.SUCCEEDED:
-            return step.result
+            return fresh(step.result)
         if step.status == StepStatus.FAILED and step.attempt >= step.attempts_allowed:
             raise StepFailedError(step.name, step.error)
         if step.status == StepStatus.SUSPENDED:
@@ -210,13 +211,21 @@ class WorkflowContext:
             step = self.engine.start_suspension(self.run, step_name, str(reason))
             self._remember(step)
         if step.status == StepStatus.SUCCEEDED:
-            return step.result
+            return fresh(step.result)
         self.engine.suspend_for_step(self.run, step)
         raise Pause(None)
 
     def now(self) -> datetime:
         """The engine clock's time (use a step for anything you need replayed identically)."""
         return self.engine.clock.now()
+
+
+def fresh(value: Any) -> Any:
+    """A stored JSON value as workflow code gets it: a copy it may change freely, so
+    no change reaches what a later pass replays."""
+    if isinstance(value, dict | list):
+        return copy.deepcopy(value)
+    return value
 
 
 def _may_be_workflow(fn: object) -> bool:

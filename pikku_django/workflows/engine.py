@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from pikku_django.models import (
 )
 from pikku_django.workflows import registry
 from pikku_django.workflows.clock import Clock
-from pikku_django.workflows.context import Pause, WorkflowContext, retry_delay_for
+from pikku_django.workflows.context import Pause, WorkflowContext, fresh, retry_delay_for
 from pikku_django.workflows.durations import Duration, parse_duration
 from pikku_django.workflows.errors import (
     NonDeterministicWorkflowError,
@@ -65,6 +66,7 @@ from pikku_django.workflows.sql import (
     WAKE_NONE,
     WAKE_NOW,
     NewStep,
+    Settled,
     notify_work,
     step_columns,
     step_writes,
@@ -121,6 +123,8 @@ class ClaimedStep:
     reclaimed: bool = False
     #: The run as the pass that claimed this step left it (see CarriedRun).
     carried: CarriedRun | None = field(default=None, compare=False, repr=False)
+    #: When the claim was made (this process's monotonic clock): renewals count from it.
+    claimed_at: float = field(default_factory=time.monotonic, compare=False, repr=False)
 
 
 @dataclass
@@ -580,7 +584,10 @@ class WorkflowEngine:
                 wake_at=self.clock.now() + LEASE_TAKEN_RETRY, wakes=F("wakes") + 1
             )
         except DatabaseError:
-            logger.exception("Could not reschedule run %s; its pass timeout will", run_id)
+            logger.exception(
+                "Could not reschedule run %s; its pass timeout or the recovery sweep will",
+                run_id,
+            )
 
     def _pass(
         self,
@@ -601,7 +608,7 @@ class WorkflowEngine:
         ctx = WorkflowContext(self, run, steps)
         ctx.claimer = None if run.inline else claimer
         try:
-            output = definition.fn(ctx, run.input)
+            output = definition.fn(ctx, ctx.input)
         except Pause as pause:
             if ctx.claim_request is not None and claimer is not None:
                 return self._claim_new_step(ctx, seen_wakes, claimer, *ctx.claim_request)
@@ -647,21 +654,23 @@ class WorkflowEngine:
             queue=options.queue,
             transactional=options.transactional,
         )
-        step_id = self.writes.insert_claimed(
+        stored = self.writes.insert_claimed(
             new, lease_ms=lease_ms, worker=claimer.worker, park_wakes=seen_wakes
         )
-        if step_id is None:
+        if stored is None:
             # Stored meanwhile by another pass, or the run stopped running: look again.
             self.wake_run(run.id)
             return None
+        step_id, stored_input = stored
         row = WorkflowStep(id=step_id, **step_columns(new), status=StepStatus.RUNNING, attempt=1)
+        row.input = stored_input
         ctx._remember(row)
         return ClaimedStep(
             step_id=step_id,
             run_id=run.id,
             name=name,
             function=options.function,
-            input=payload,
+            input=stored_input,  # as every later attempt reads it from the database
             attempt=1,
             transactional=options.transactional,
             lease_ms=lease_ms,
@@ -946,14 +955,11 @@ class WorkflowEngine:
         run = ctx.run
         if step is None:
             payload = to_json(data, f"The input of step {name!r}")
-            first = self._first_inline_attempt(run, name, options, payload)
-            if not isinstance(first, WorkflowStep):
-                return first.result
-            step = first
+            step = self._first_inline_attempt(run, name, options, payload)
             ctx._remember(step)
         while True:
             if step.status == StepStatus.SUCCEEDED:
-                return step.result
+                return fresh(step.result)
             if step.status == StepStatus.FAILED and step.attempt >= step.attempts_allowed:
                 raise StepFailedError(step.name, step.error)
             due = step.available_at
@@ -972,13 +978,13 @@ class WorkflowEngine:
 
     def _first_inline_attempt(
         self, run: WorkflowRun, name: str, options: StepOptions, payload: Any
-    ) -> _Settled | WorkflowStep:
+    ) -> WorkflowStep:
         """Run a new inline step's first attempt, then write the step with its outcome.
 
         Nothing is written before the function returns: a crash meanwhile leaves no
         row, and the next pass runs the step again, as it would a lapsed attempt.
-        Returns the result, or the step as stored when it failed (or another pass of
-        the run stored it first) for the caller to carry on from.
+        Returns the step as stored, settled (or as another pass of the run stored it
+        first); Pause if the run stopped running meanwhile (its outcome is not stored).
         """
         new = NewStep(
             run_id=run.id,
@@ -996,39 +1002,52 @@ class WorkflowEngine:
         started = timezone.now()
         assert options.fn is not None
         what = f"The result of step {name!r}"
+
+        def succeeded(result: Any) -> tuple[int, Any] | None:
+            try:
+                return self.writes.insert_settled(
+                    new,
+                    status=StepStatus.SUCCEEDED,
+                    result=result,
+                    error=None,
+                    available_at=None,
+                    worker=worker,
+                    started_at=started,
+                )
+            except DatabaseError as exc:
+                raise _WriteFailedError from exc  # the engine's write, not the step's
+
+        stored: tuple[int, Any] | None = None
+        ran = False  # the function returned, but its outcome was not stored
         with log_context(run_id=str(run.id), step=name, attempt=1):
             try:
+                # The function gets a copy: the input is stored as it was given.
                 if options.transactional:
                     # The function's writes and the step's row commit together.
                     with self.atomic():
-                        result = to_json(registry.call_step_function(options.fn, payload), what)
-                        stored = self.writes.insert_settled(
-                            new,
-                            status=StepStatus.SUCCEEDED,
-                            result=result,
-                            error=None,
-                            available_at=None,
-                            worker=worker,
-                            started_at=started,
+                        result = to_json(
+                            registry.call_step_function(options.fn, fresh(payload)), what
                         )
+                        stored = succeeded(result)
                         if stored is None:
-                            raise _StepExistsError
+                            raise _StepExistsError  # rolls the function's writes back
                 else:
-                    result = to_json(registry.call_step_function(options.fn, payload), what)
-                    stored = self.writes.insert_settled(
-                        new,
-                        status=StepStatus.SUCCEEDED,
-                        result=result,
-                        error=None,
-                        available_at=None,
-                        worker=worker,
-                        started_at=started,
-                    )
+                    result = to_json(registry.call_step_function(options.fn, fresh(payload)), what)
+                    stored = succeeded(result)
                 if stored is not None:
-                    return _Settled(self.writes.stored(result))
-                logger.warning("Step %s was stored by another pass; its result stands", name)
+                    step_id, as_stored = stored
+                    return WorkflowStep(
+                        id=step_id,
+                        **step_columns(new),
+                        status=StepStatus.SUCCEEDED,
+                        result=as_stored,
+                        attempt=1,
+                    )
+                ran = True
             except _StepExistsError:
-                logger.warning("Step %s was stored by another pass; its result stands", name)
+                ran = True
+            except _WriteFailedError as exc:
+                raise exc.__cause__ from None  # type: ignore[misc]
             except StepFunctionNotFoundError as exc:
                 columns = step_columns(new)
                 del columns["run_id"]  # given as the run
@@ -1058,7 +1077,13 @@ class WorkflowEngine:
                     started_at=started,
                 )
                 logger.info("Step %s attempt 1 failed: %s", name, exc)
-        return self.steps().get(run_id=run.id, name=name)
+        step = self.steps().filter(run_id=run.id, name=name).first()
+        if step is None:
+            logger.info("Run %s stopped running during step %s: outcome not stored", run.id, name)
+            raise Pause(None)
+        if ran:
+            logger.warning("Step %s was stored by another pass; its outcome stands", name)
+        return step
 
     def _claim_inline(self, step: WorkflowStep) -> ClaimedStep | None:
         """A new attempt of an inline step (the run lease keeps other passes out)."""
@@ -1201,22 +1226,24 @@ class WorkflowEngine:
 
     def set_step_result(
         self, step_id: int, result: Any, attempt: int, *, wake: bool | str = True
-    ) -> None:
+    ) -> Settled | None:
         """Record the result of ``attempt``; WorkflowStepSupersededError if it was replaced.
 
         ``wake`` wakes the step's run for any worker (True), or not (False, or
-        ``"pass"``: this thread passes the run next).
+        ``"pass"``: this thread passes the run next). Returns what the write found
+        (None when the result was not JSON and failed the step instead).
         """
         try:
             payload = to_json(result, f"The result of step {step_id}")
         except NotSerializableError as exc:
             self.set_step_error(step_id, exc, attempt, wake=wake, final=True)
-            return
-        run_id = self.writes.settle(
+            return None
+        settled = self.writes.settle(
             step_id, attempt, StepStatus.SUCCEEDED, result=payload, wake=_wake_mode(wake)
         )
-        if run_id is None:
+        if settled is None:
             raise WorkflowStepSupersededError(step_id, attempt)
+        return settled
 
     def set_step_error(
         self,
@@ -1238,7 +1265,7 @@ class WorkflowEngine:
             raise WorkflowStepSupersededError(step_id, attempt)
         exhausted = final or attempt >= step.attempts_allowed
         retry_at = None if exhausted else self.clock.now() + retry_delay_for(step, attempt)
-        run_id = self.writes.settle(
+        settled = self.writes.settle(
             step_id,
             attempt,
             StepStatus.FAILED,
@@ -1248,7 +1275,7 @@ class WorkflowEngine:
             retries=attempt - 1 if final else None,
             wake=_wake_mode(wake) if exhausted else WAKE_NONE,
         )
-        if run_id is None:
+        if settled is None:
             raise WorkflowStepSupersededError(step_id, attempt)
         if not exhausted:
             self.notify()
@@ -1292,12 +1319,14 @@ class WorkflowEngine:
                 # not at all: a superseded attempt's writes roll back.
                 with self.atomic():
                     result = to_json(registry.call_step_function(fn, claimed.input), what)
-                    self.set_step_result(claimed.step_id, result, claimed.attempt, wake=wake)
+                    settled = self.set_step_result(
+                        claimed.step_id, result, claimed.attempt, wake=wake
+                    )
             else:
                 result = to_json(registry.call_step_function(fn, claimed.input), what)
-                self.set_step_result(claimed.step_id, result, claimed.attempt, wake=wake)
-            if claimed.carried is not None:
-                self._carry_result(claimed, claimed.carried, result, wake)
+                settled = self.set_step_result(claimed.step_id, result, claimed.attempt, wake=wake)
+            if claimed.carried is not None and settled is not None:
+                self._carry_result(claimed, claimed.carried, settled)
         except WorkflowStepSupersededError as exc:
             logger.warning("%s: its result was not recorded", exc)
             return "superseded"
@@ -1319,18 +1348,16 @@ class WorkflowEngine:
             return "failed" if exhausted else "retrying"
         return "succeeded"
 
-    def _carry_result(
-        self, claimed: ClaimedStep, carried: CarriedRun, result: Any, wake: bool | str
-    ) -> None:
-        """Bring the carried run up to date with its claimed step's success."""
+    def _carry_result(self, claimed: ClaimedStep, carried: CarriedRun, settled: Settled) -> None:
+        """Bring the carried run up to date with its claimed step's success, and with
+        its run as the settle found it (cancelled meanwhile, or woken)."""
         step = carried.steps.get(claimed.name)
         if step is None or step.id != claimed.step_id:
             return
         step.status, step.attempt = StepStatus.SUCCEEDED, claimed.attempt
-        step.result, step.error = self.writes.stored(result), None
+        step.result, step.error = settled.result, None
         step.lease_expires_at = step.available_at = None
-        if wake is True:
-            carried.run.wakes += 1  # as the settle raised it (if the run still runs)
+        carried.run.status, carried.run.wakes = settled.run_status, settled.run_wakes
 
     def _function_missing(self, claimed: ClaimedStep) -> str:
         """The current attempt's function is missing: suspend the run (RPC_NOT_FOUND)."""
@@ -1528,13 +1555,12 @@ class WorkflowEngine:
         return min(dues) if dues else None
 
 
-@dataclass(frozen=True)
-class _Settled:
-    result: Any
-
-
 class _StepExistsError(Exception):
     """The step was stored by another pass: roll back this attempt's writes."""
+
+
+class _WriteFailedError(Exception):
+    """Storing a step's outcome failed (its cause): not a failure of the step."""
 
 
 def _wake_mode(wake: bool | str) -> str:

@@ -58,6 +58,16 @@ class NewStep:
     transactional: bool
 
 
+@dataclass(frozen=True)
+class Settled:
+    """A settled attempt: its run as the settle found it, and the result as stored."""
+
+    run_id: uuid.UUID
+    run_status: str
+    run_wakes: int
+    result: Any
+
+
 #: What a settled attempt does to its run: nothing (the thread that settled it
 #: passes it next, or a pass is not needed yet), or wake it for any worker now and
 #: announce it.
@@ -71,9 +81,18 @@ class StepWrites:
         self.engine = engine
         self.using = engine.using
 
-    def stored(self, value: Any) -> Any:
-        """``value`` (plain JSON) as a read of the stored column returns it."""
-        return value
+    def _as_stored(self, step_id: int, field: str, value: Any) -> Any:
+        """``value`` as a read of the step's ``field`` returns it: MySQL's JSON type
+        reorders keys and normalises numbers; MariaDB and SQLite keep the text."""
+        connection = connections[self.using]
+        if value is None or connection.vendor != "mysql" or connection.mysql_is_mariadb:
+            return value
+        return (
+            WorkflowStep.objects.using(self.using)
+            .filter(id=step_id)
+            .values_list(field, flat=True)
+            .first()
+        )
 
     def _run_wake(self, wake: str) -> datetime | None:
         return self.engine.clock.now() if wake == WAKE_NOW else None
@@ -88,11 +107,18 @@ class StepWrites:
         available_at: datetime | None,
         worker: str,
         started_at: datetime,
-    ) -> int | None:
-        """Insert a step with its first attempt already settled; None if the step exists."""
+    ) -> tuple[int, Any] | None:
+        """Insert a step with its first attempt already settled, while its run is
+        running: its id and result as stored; None (nothing written) if the step
+        exists or the run is no longer running."""
         now = timezone.now()
         try:
             with transaction.atomic(using=self.using):
+                running = WorkflowRun.objects.using(self.using).filter(
+                    id=step.run_id, status=RunStatus.RUNNING
+                )
+                if not running.exists():
+                    return None
                 row = WorkflowStep.objects.using(self.using).create(
                     **step_columns(step),
                     status=status,
@@ -116,14 +142,14 @@ class StepWrites:
                 )
         except IntegrityError:
             return None
-        return row.id
+        return row.id, self._as_stored(row.id, "result", result)
 
     def insert_claimed(
         self, step: NewStep, *, lease_ms: int, worker: str, park_wakes: int
-    ) -> int | None:
+    ) -> tuple[int, Any] | None:
         """Insert a step running as attempt 1 under this worker's lease, and park its
-        run unless it was woken since ``park_wakes``; None (nothing written) if the
-        step exists or the run is no longer running."""
+        run unless it was woken since ``park_wakes``: its id and input as stored; None
+        (nothing written) if the step exists or the run is no longer running."""
         runs = WorkflowRun.objects.using(self.using)
         try:
             with transaction.atomic(using=self.using):
@@ -147,7 +173,7 @@ class StepWrites:
                 ).update(wake_at=None, updated_at=timezone.now())
         except IntegrityError:
             return None
-        return row.id
+        return row.id, self._as_stored(row.id, "input", step.input)
 
     def settle(
         self,
@@ -160,11 +186,11 @@ class StepWrites:
         available_at: datetime | None = None,
         retries: int | None = None,
         wake: str = WAKE_NONE,
-    ) -> uuid.UUID | None:
+    ) -> Settled | None:
         """Write an attempt's outcome on its step and history row, fenced by ``attempt``
         (only while the step is still running under it), and wake its run as asked.
 
-        The run's id, or None if the attempt was superseded (nothing written).
+        None if the attempt was superseded (nothing written).
         """
         now = timezone.now()
         with transaction.atomic(using=self.using):
@@ -198,7 +224,9 @@ class StepWrites:
                 )
                 if woken and wake == WAKE_NOW:
                     self.engine.notify()
-        return run_id
+            runs = WorkflowRun.objects.using(self.using).filter(id=run_id)
+            run_status, run_wakes = runs.values_list("status", "wakes").get()
+        return Settled(run_id, run_status, run_wakes, self._as_stored(step_id, "result", result))
 
     def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID] | None:
         """Runs due at ``now``, each pushed back to ``until``; None where the caller's
@@ -223,9 +251,6 @@ class PostgresStepWrites(StepWrites):
         "transactional, status, result, error, attempt, available_at, lease_expires_at, "
         "created_at, updated_at"
     )
-
-    def stored(self, value: Any) -> Any:
-        return jsonb_order(value)
 
     @property
     def prepared(self) -> bool:
@@ -321,20 +346,23 @@ class PostgresStepWrites(StepWrites):
         available_at: datetime | None,
         worker: str,
         started_at: datetime,
-    ) -> int | None:
+    ) -> tuple[int, Any] | None:
         now = timezone.now()
         sql = f"""
             WITH s AS (
                 INSERT INTO pikku_workflow_step ({self.STEP_COLUMNS})
-                VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s,
-                        %s, %s::jsonb, %s::jsonb, 1, %s, NULL, %s, %s)
+                SELECT %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s,
+                       %s, %s::jsonb, %s::jsonb, 1, %s, NULL, %s, %s
+                WHERE EXISTS (
+                    SELECT 1 FROM pikku_workflow_run WHERE id = %s AND status = %s
+                )
                 ON CONFLICT (run_id, name) DO NOTHING
-                RETURNING id
+                RETURNING id, result
             )
             INSERT INTO pikku_step_attempt
                 (step_id, attempt, status, result, error, worker, started_at, finished_at)
-            SELECT id, 1, %s, %s::jsonb, %s::jsonb, %s, %s, %s FROM s
-            RETURNING step_id
+            SELECT id, 1, %s, result, %s::jsonb, %s, %s, %s FROM s
+            RETURNING step_id, result::text
         """
         res, err = _jsonb(result), _jsonb(error)
         params = [
@@ -345,19 +373,20 @@ class PostgresStepWrites(StepWrites):
             available_at,
             now,
             now,
+            step.run_id,
+            RunStatus.RUNNING,
             status,
-            res,
             err,
             worker[:255],
             started_at,
             now,
         ]
         row = self._execute(sql, params)
-        return None if row is None else row[0]
+        return None if row is None else (row[0], _loads(row[1]))
 
     def insert_claimed(
         self, step: NewStep, *, lease_ms: int, worker: str, park_wakes: int
-    ) -> int | None:
+    ) -> tuple[int, Any] | None:
         now = timezone.now()
         sql = f"""
             WITH s AS (
@@ -368,7 +397,7 @@ class PostgresStepWrites(StepWrites):
                     SELECT 1 FROM pikku_workflow_run WHERE id = %s AND status = %s
                 )
                 ON CONFLICT (run_id, name) DO NOTHING
-                RETURNING id
+                RETURNING id, input::text
             ), a AS (
                 INSERT INTO pikku_step_attempt
                     (step_id, attempt, status, worker, started_at)
@@ -378,7 +407,7 @@ class PostgresStepWrites(StepWrites):
                 WHERE id = %s AND status = %s AND wakes = %s AND wake_at IS NOT NULL
                     AND EXISTS (SELECT 1 FROM s)
             )
-            SELECT id FROM s
+            SELECT id, input FROM s
         """
         params = [
             *self._step_params(step),
@@ -397,7 +426,7 @@ class PostgresStepWrites(StepWrites):
             park_wakes,
         ]
         row = self._execute(sql, params)
-        return None if row is None else row[0]
+        return None if row is None else (row[0], _loads(row[1]))
 
     def settle(
         self,
@@ -410,7 +439,7 @@ class PostgresStepWrites(StepWrites):
         available_at: datetime | None = None,
         retries: int | None = None,
         wake: str = WAKE_NONE,
-    ) -> uuid.UUID | None:
+    ) -> Settled | None:
         now = timezone.now()
         run_wake = self._run_wake(wake)
         res, err = _jsonb(result), _jsonb(error)
@@ -420,7 +449,7 @@ class PostgresStepWrites(StepWrites):
                 SET status = %s, lease_expires_at = NULL, updated_at = %s, result = %s::jsonb,
                     error = %s::jsonb, available_at = %s, retries = COALESCE(%s, retries)
                 WHERE id = %s AND attempt = %s AND status = %s
-                RETURNING run_id
+                RETURNING run_id, result::text
             ), a AS (
                 UPDATE pikku_step_attempt
                 SET status = %s, finished_at = %s, result = %s::jsonb, error = %s::jsonb
@@ -431,8 +460,9 @@ class PostgresStepWrites(StepWrites):
                 WHERE %s AND id = (SELECT run_id FROM s) AND status = %s
                 RETURNING 1
             )
-            SELECT (SELECT run_id FROM s),
+            SELECT s.run_id, s.result, run.status, run.wakes,
                    (SELECT count(pg_notify(%s, '')) FROM r WHERE %s)
+            FROM s JOIN pikku_workflow_run run ON run.id = s.run_id
         """
         params = [
             status,
@@ -458,7 +488,10 @@ class PostgresStepWrites(StepWrites):
             wake == WAKE_NOW and _notifying(),
         ]
         row = self._execute(sql, params)
-        return row[0]
+        if row is None:
+            return None
+        # The run as this statement's snapshot saw it (before any wake it made).
+        return Settled(row[0], row[2], row[3], _loads(row[1]))
 
 
 def step_writes(engine: WorkflowEngine) -> StepWrites:
@@ -484,19 +517,9 @@ def step_columns(step: NewStep) -> dict[str, Any]:
     }
 
 
-def jsonb_order(value: Any) -> Any:
-    """A JSON value with object keys in the order ``jsonb`` keeps them: shorter keys
-    first, keys of one length in byte order.
-
-    A workflow replayed from a result read back from PostgreSQL then sees the same
-    key order as one replayed from the value this process just stored.
-    """
-    if isinstance(value, dict):
-        keys = sorted(value, key=lambda k: (len(k.encode()), k.encode()))
-        return {k: jsonb_order(value[k]) for k in keys}
-    if isinstance(value, list):
-        return [jsonb_order(v) for v in value]
-    return value
+def _loads(text: str | None) -> Any:
+    """A JSON column read back as text, decoded as the ORM decodes it."""
+    return None if text is None else json.loads(text)
 
 
 def _jsonb(value: Any) -> str | None:

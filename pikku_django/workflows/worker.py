@@ -95,8 +95,10 @@ def keep_step_lease(engine: WorkflowEngine, claimed: ClaimedStep) -> Iterator[th
         finally:
             connections.close_all()
 
-    # No thread until the first renewal is due: most steps finish before it.
-    timer = call_later(interval, renew, name=f"pikku-step-lease:{claimed.step_id}")
+    # No thread until the first renewal is due (half a lease after the claim, not
+    # after this block began): most steps finish before it.
+    first = max(0.0, interval - (time.monotonic() - claimed.claimed_at))
+    timer = call_later(first, renew, name=f"pikku-step-lease:{claimed.step_id}")
     try:
         yield superseded
     finally:
@@ -378,6 +380,7 @@ class Worker:
         until = time.monotonic() + CHAIN_SECONDS
         held: HeldLease | None = None
         carried: CarriedRun | None = None
+        owed = False  # a step settled for this thread to pass its run next
         try:
             while True:
                 if claimed is not None:
@@ -392,6 +395,7 @@ class Worker:
                     done += 1
                     if not chain or outcome not in ("succeeded", "failed"):
                         return done
+                    owed = True
                     # No other pass can have run meanwhile only if the lease was kept.
                     kept = held is not None and outcome == "succeeded"
                     carried = claimed.carried if kept else None
@@ -405,14 +409,26 @@ class Worker:
                     held=held,
                     carried=carried,
                 )
-                carried = None
+                owed, carried = False, None
                 self.passes += 1
                 done += 1
                 if claimed is None:
                     return done
+        except Exception:
+            if owed:
+                # The pass this thread owed the run did not happen: nobody else was
+                # woken for it, so wake the run for any worker.
+                self._wake_owed(run_id)
+            raise
         finally:
             if held is not None:
                 self._give_back(held)
+
+    def _wake_owed(self, run_id: Any) -> None:
+        try:
+            self.engine.wake_run(run_id)
+        except Exception:
+            logger.warning("Could not wake run %s; the recovery sweep will", run_id, exc_info=True)
 
     def _take_run_lease(self, run_id: Any) -> HeldLease | None:
         """The run's lease, held until :meth:`_give_back`; None (the run woken again
