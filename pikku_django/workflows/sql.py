@@ -1,9 +1,10 @@
-"""The workflow engine's writes on its hot path, and waking idle workers.
+"""The workflow engine's SQL on its hot path, and waking idle workers.
 
-Each write here is one atomic unit. :class:`StepWrites` does it with the ORM in a
-transaction on every database; :class:`PostgresStepWrites` does the same as a
-single statement (data-modifying CTEs), so it needs no BEGIN or COMMIT round trip
-of its own and commits once.
+Each operation here is one atomic unit: storing or settling a step, claiming due
+runs, ending a run. :class:`StepWrites` does it with the ORM in a transaction on
+every database; :class:`PostgresStepWrites` does the same as a single prepared
+statement (data-modifying CTEs), which needs no BEGIN or COMMIT of its own. Values
+written are handed back as a read of the database returns them.
 """
 
 from __future__ import annotations
@@ -36,10 +37,6 @@ def notify_work(using: str) -> None:
         return
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
-
-
-def listen_sql() -> str:
-    return f"LISTEN {CHANNEL}"
 
 
 @dataclass(frozen=True)
@@ -75,7 +72,7 @@ WAKE_NONE, WAKE_NOW = "none", "now"
 
 
 class StepWrites:
-    """Hot-path writes through the ORM, each in one transaction."""
+    """The hot-path operations through the ORM, each in one transaction."""
 
     def __init__(self, engine: WorkflowEngine) -> None:
         self.engine = engine
