@@ -642,18 +642,7 @@ class WorkflowEngine:
         """Store the queued step a pass reached as claimed by ``claimer``, parking the run."""
         run = ctx.run
         lease_ms = self.lease_ms_for_queue(options.queue)
-        new = NewStep(
-            run_id=run.id,
-            name=name,
-            kind=StepKind.QUEUED,
-            function=options.function,
-            input=payload,
-            retries=options.retries,
-            retry_delay=options.retry_delay,
-            backoff=options.backoff,
-            queue=options.queue,
-            transactional=options.transactional,
-        )
+        new = _new_step(run, name, StepKind.QUEUED, options, payload)
         stored = self.writes.insert_claimed(
             new, lease_ms=lease_ms, worker=claimer.worker, park_wakes=seen_wakes
         )
@@ -986,18 +975,7 @@ class WorkflowEngine:
         Returns the step as stored, settled (or as another pass of the run stored it
         first); Pause if the run stopped running meanwhile (its outcome is not stored).
         """
-        new = NewStep(
-            run_id=run.id,
-            name=name,
-            kind=StepKind.INLINE,
-            function=options.function,
-            input=payload,
-            retries=options.retries,
-            retry_delay=options.retry_delay,
-            backoff=options.backoff,
-            queue=options.queue,
-            transactional=options.transactional,
-        )
+        new = _new_step(run, name, StepKind.INLINE, options, payload)
         worker = default_worker_id()
         started = timezone.now()
         assert options.fn is not None
@@ -1561,6 +1539,23 @@ class _StepExistsError(Exception):
 
 class _WriteFailedError(Exception):
     """Storing a step's outcome failed (its cause): not a failure of the step."""
+
+
+def _new_step(
+    run: WorkflowRun, name: str, kind: str, options: StepOptions, payload: Any
+) -> NewStep:
+    return NewStep(
+        run_id=run.id,
+        name=name,
+        kind=kind,
+        function=options.function,
+        input=payload,
+        retries=options.retries,
+        retry_delay=options.retry_delay,
+        backoff=options.backoff,
+        queue=options.queue,
+        transactional=options.transactional,
+    )
 
 
 def _wake_mode(wake: bool | str) -> str:
