@@ -20,14 +20,18 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 DATABASE_ALIASES = {"sqlite": "default", "postgres": "postgres", "mariadb": "mariadb"}
 
 
-def require_service(name: str) -> None:
-    """Skip (or, under CI, fail) unless ``name`` is part of this run."""
-    reason = settings.UNAVAILABLE.get(name)
-    if reason is None:
-        return
+def skip_unless_ci(reason: str) -> None:
+    """Skip with ``reason`` (how to enable the test); under CI, fail instead."""
     if IN_CI:
         pytest.fail(f"CI=true and {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def require_service(name: str) -> None:
+    """Skip (or, under CI, fail) unless ``name`` is part of this run."""
+    reason = settings.UNAVAILABLE.get(name)
+    if reason is not None:
+        skip_unless_ci(reason)
 
 
 def database_alias(vendor: str) -> str:

@@ -28,7 +28,7 @@ from django.urls import path, reverse
 import pikku_django
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.workflows import FakeClock, WorkflowEngine, step, workflow
-from tests.conftest import IN_CI
+from tests.conftest import skip_unless_ci
 
 try:
     from selenium import webdriver
@@ -105,11 +105,8 @@ def missing_browser() -> str | None:
 def require_browser() -> None:
     """Skip (or, under CI, fail) unless Selenium and headless Chromium are here."""
     reason = missing_browser()
-    if reason is None:
-        return
-    if IN_CI:
-        pytest.fail(f"CI=true and {reason}", pytrace=False)
-    pytest.skip(reason)
+    if reason is not None:
+        skip_unless_ci(reason)
 
 
 @pytest.fixture(scope="session", autouse=True)
