@@ -107,6 +107,23 @@ def listening_sessions(url: str, channel_like: str) -> int:
 # -- processes ---------------------------------------------------------------------------------
 
 
+def terminate(proc: subprocess.Popen[Any], name: str, timeout: float) -> int | None:
+    """SIGTERM a worker (then SIGTERM again, which hands its work back, then SIGKILL),
+    waiting ``timeout`` seconds for the first; its exit code."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            break
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            log.warning("%s (pid %d) still up after %s", name, proc.pid, sig.name)
+    return proc.poll()
+
+
 class Processes:
     """Processes a benchmark started, each in its own session, logging to its own file."""
 
@@ -186,18 +203,7 @@ class Processes:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGCONT)
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            if proc.poll() is not None:
-                break
-            try:
-                proc.send_signal(sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(wait)
-            except subprocess.TimeoutExpired:
-                log.warning("%s (pid %d) still up after %s", name, proc.pid, sig.name)
-        return proc.poll()
+        return terminate(proc, name, timeout)
 
     def stop_all(self, timeout: float = 20.0) -> None:
         for name in list(self.procs):

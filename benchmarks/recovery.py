@@ -72,6 +72,7 @@ from types import FrameType
 from typing import Any
 
 import dj_database_url
+from benchlib import terminate
 
 log = logging.getLogger("pikku.bench.recovery")
 
@@ -145,18 +146,7 @@ class Workers:
         proc = self.procs.get(name)
         if proc is None:
             return None
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            if proc.poll() is not None:
-                break
-            try:
-                proc.send_signal(sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(wait)
-            except subprocess.TimeoutExpired:
-                log.warning("worker %s (pid %d) still up after %s", name, proc.pid, sig.name)
-        return proc.poll()
+        return terminate(proc, f"worker {name}", timeout)
 
     def stop_all(self) -> None:
         for name in list(self.procs):
