@@ -1,19 +1,23 @@
-"""pikku_django's own hot-path statements on PostgreSQL, bound server-side and prepared.
+"""pikku_django's own hot-path statements, run on Django's connection with less overhead.
 
 Django's cursors bind parameters client-side and prepare nothing. The few
 statements pikku_django runs on every step or webhook go through :func:`fetch`
-instead, so PostgreSQL plans each once per connection. ``PIKKU["PREPARED_STATEMENTS"]``
-turns this off (behind PgBouncer before 1.21 in transaction mode); every other
-database runs them through Django's cursor.
+instead: on PostgreSQL bound server-side and prepared, so it plans each once per
+connection (``PIKKU["PREPARED_STATEMENTS"]`` turns this off, behind PgBouncer before
+1.21 in transaction mode); on SQLite straight on the driver's cursor. MariaDB and
+MySQL run them through Django's cursor. Either way Django's execute wrappers and
+query log see every statement, and driver errors become Django's.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 
 
 def fetch(using: str, sql: str, params: list[Any]) -> list[Any]:
@@ -21,7 +25,18 @@ def fetch(using: str, sql: str, params: list[Any]) -> list[Any]:
     from pikku_django.conf import pikku_settings
 
     connection = connections[using]
-    if connection.vendor != "postgresql" or not pikku_settings.PREPARED_STATEMENTS:
+    vendor = connection.vendor
+    if vendor == "sqlite":
+        with connection.wrap_database_errors:
+            connection.ensure_connection()
+            connection.validate_no_broken_transaction()
+            cursor = connection.connection.cursor()
+            try:
+                _logged(connection, cursor, sql, params, _qmark(sql))
+                return cursor.fetchall()
+            finally:
+                cursor.close()
+    if vendor != "postgresql" or not pikku_settings.PREPARED_STATEMENTS:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchall()
@@ -36,23 +51,85 @@ def fetch(using: str, sql: str, params: list[Any]) -> list[Any]:
             raw.prepare_threshold = 5
         try:
             with psycopg.Cursor(raw) as cursor:
-
-                def execute(sql: str, params: Any, many: bool, context: dict[str, Any]) -> None:
-                    cursor.execute(sql, params, prepare=True)
-
-                # As Django's own cursors do: execute wrappers see the statement, and
-                # so does the query log while it is on (DEBUG, assertNumQueries).
-                for wrapper in reversed(connection.execute_wrappers):
-                    execute = functools.partial(wrapper, execute)
-                started = time.monotonic()
-                execute(sql, params, False, {"connection": connection, "cursor": cursor})
-                if connection.queries_logged:
-                    connection.queries_log.append(
-                        {"sql": sql, "time": f"{time.monotonic() - started:.3f}"}
-                    )
+                _logged(connection, cursor, sql, params, sql, prepare=True)
                 return cursor.fetchall()
         finally:
             raw.prepare_threshold = threshold
+
+
+def _logged(
+    connection: Any, cursor: Any, sql: str, params: Any, driver_sql: str, **options: Any
+) -> None:
+    """Execute on the driver's ``cursor`` as Django's own cursors do: through the
+    connection's execute wrappers, and into the query log while it is on (DEBUG,
+    assertNumQueries)."""
+
+    def execute(sql: str, params: Any, many: bool, context: dict[str, Any]) -> None:
+        cursor.execute(driver_sql, () if params is None else params, **options)
+
+    for wrapper in reversed(connection.execute_wrappers):
+        execute = functools.partial(wrapper, execute)
+    started = time.monotonic()
+    execute(sql, params, False, {"connection": connection, "cursor": cursor})
+    if connection.queries_logged:
+        connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+
+
+@functools.lru_cache(maxsize=64)
+def _qmark(sql: str) -> str:
+    """``%s`` placeholders as SQLite's ``?`` (and ``%%`` as ``%``), as Django converts them."""
+    return re.sub(r"(?<!%)%s", "?", sql).replace("%%", "%")
+
+
+def write_together(using: str, statements: Sequence[tuple[str, list[Any]]]) -> None:
+    """Run ``statements`` (SQL and parameters) in one transaction: all or none.
+
+    Inside the caller's transaction, a savepoint. On SQLite in autocommit, one
+    ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the driver's connection.
+    """
+    connection = connections[using]
+    if (
+        connection.vendor != "sqlite"
+        or connection.in_atomic_block
+        or not connection.get_autocommit()
+    ):
+        with transaction.atomic(using=using):
+            for sql, params in statements:
+                fetch_nothing(using, sql, params)
+        return
+    with connection.wrap_database_errors:
+        connection.ensure_connection()
+        raw = connection.connection
+        cursor = raw.cursor()
+        try:
+            _logged(connection, cursor, "BEGIN IMMEDIATE", None, "BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    _logged(connection, cursor, sql, params, _qmark(sql))
+                _logged(connection, cursor, "COMMIT", None, "COMMIT")
+            except BaseException:
+                if raw.in_transaction:
+                    raw.rollback()
+                raise
+        finally:
+            cursor.close()
+
+
+def fetch_nothing(using: str, sql: str, params: list[Any]) -> None:
+    """Run a statement that returns no rows, as :func:`fetch` runs one."""
+    connection = connections[using]
+    if connection.vendor == "sqlite":
+        with connection.wrap_database_errors:
+            connection.ensure_connection()
+            connection.validate_no_broken_transaction()
+            cursor = connection.connection.cursor()
+            try:
+                _logged(connection, cursor, sql, params, _qmark(sql))
+            finally:
+                cursor.close()
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 def fetch_one(using: str, sql: str, params: list[Any]) -> Any:

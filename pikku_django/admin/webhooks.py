@@ -378,4 +378,10 @@ class WebhookReceiptAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("data"))
     def data_json(self, obj: WebhookReceipt) -> SafeString | str:
-        return json_block(obj.data)
+        """The event's data, as its run holds it (a receipt keeps only its key)."""
+        if obj.run_id is None or not isinstance(obj.run.input, dict):
+            return EMPTY
+        event = obj.run.input
+        if "handler" in event:  # a function handler's run wraps the event
+            event = event.get("event")
+        return json_block(event.get("data") if isinstance(event, dict) else None)

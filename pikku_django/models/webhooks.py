@@ -62,12 +62,14 @@ class CredentialValue(models.Model):
 
 
 class WebhookReceipt(models.Model):
-    """An accepted webhook event: stored once per (source, event, provider id)."""
+    """An accepted webhook event, once per (source, event, provider id).
+
+    The event's data is stored once, in the input of the run it started.
+    """
 
     source = models.CharField(_("source"), max_length=100)
     event = models.CharField(_("event"), max_length=200)
     provider_id = models.CharField(_("provider event id"), max_length=255)
-    data = models.JSONField(_("data"), null=True, blank=True)
     run = models.ForeignKey(
         "pikku_django.WorkflowRun",
         on_delete=models.SET_NULL,

@@ -140,24 +140,3 @@ def rotate_encryption() -> int:
         row.save(update_fields=["ciphertext"])
         count += 1
     return count
-
-
-def source_state(source_name: str, credential: str | None, using: str = "default") -> Any:
-    """Whether a source is enabled, and its credential's active values, in one query.
-
-    Returns ``(enabled, values)``; ``enabled`` is None for an unknown source.
-    """
-    from pikku_django.prepared import fetch
-
-    rows = fetch(
-        using,
-        "SELECT s.enabled, c.ciphertext FROM pikku_trigger_source s "
-        "LEFT JOIN pikku_credential_value c ON c.credential = %s AND c.active = %s "
-        "WHERE s.name = %s ORDER BY c.created_at DESC",
-        [credential or "", True, source_name],
-    )
-    if not rows:
-        return None, []
-    values = configured_values(credential) if credential else []
-    values += [decrypt_cached(token) for _, token in rows if token]
-    return bool(rows[0][0]), values

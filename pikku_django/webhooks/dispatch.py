@@ -10,7 +10,7 @@ from typing import Any
 
 from pikku_django.conf import pikku_settings
 from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, handler_for
-from pikku_django.webhooks.sql import NewEvent, store_event
+from pikku_django.webhooks.sql import Gate, NewEvent, store_event
 from pikku_django.workflows.registry import get_step, step, workflow
 
 logger = logging.getLogger(__name__)
@@ -48,23 +48,11 @@ def provider_id_for(event: WebhookEvent, delivery_id: str | None, body: bytes) -
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
-def accept_events(
-    source: WebhookSource,
-    events: list[WebhookEvent],
-    *,
-    delivery_id: str | None,
-    body: bytes,
-) -> int:
-    """Store each new event with its receipt and start its run; how many were new.
-
-    A redelivered event (same source, event and provider id) is not stored or
-    dispatched again.
-    """
-    from pikku_django.workflows.api import get_engine
-
-    engine = get_engine()
-    notify = bool(pikku_settings.WORKER_NOTIFY)
-    accepted = 0
+def new_events(
+    source: WebhookSource, events: list[WebhookEvent], *, delivery_id: str | None, body: bytes
+) -> list[NewEvent]:
+    """The rows to store for ``events``: those with a handler and JSON data."""
+    rows = []
     for event in events:
         handler = handler_for(source.name, event.name)
         if handler is None:
@@ -80,22 +68,52 @@ def accept_events(
                 provider_id,
             )
             continue
-        new = NewEvent(
-            source=source.name,
-            event=event.name,
-            provider_id=provider_id,
-            data_json=data_json,
-            workflow=handler.workflow if handler.workflow is not None else DISPATCH_WORKFLOW,
-            idempotency_key=f"webhook:{source.name}:{event.name}:{provider_id}"[:255],
-            handler=handler.step if handler.workflow is None else None,
-        )
-        if not store_event(engine.using, new, wake_at=engine.clock.now(), notify=notify):
-            logger.info(
-                "Webhook %s:%s %s was already received; not dispatched again",
-                source.name,
-                event.name,
-                provider_id,
+        rows.append(
+            NewEvent(
+                source=source.name,
+                event=event.name,
+                provider_id=provider_id,
+                data_json=data_json,
+                workflow=handler.workflow if handler.workflow is not None else DISPATCH_WORKFLOW,
+                idempotency_key=f"webhook:{source.name}:{event.name}:{provider_id}"[:255],
+                handler=handler.step if handler.workflow is None else None,
             )
-            continue
-        accepted += 1
-    return accepted
+        )
+    return rows
+
+
+def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> bool:
+    """Store one event with its receipt and start its run; False for a redelivery.
+
+    With ``gate``: :class:`~pikku_django.webhooks.sql.SourceChanged`, nothing stored,
+    when the source no longer matches it.
+    """
+    from pikku_django.workflows.api import get_engine
+
+    engine = get_engine()
+    notify = bool(pikku_settings.WORKER_NOTIFY)
+    if store_event(engine.using, new, wake_at=engine.clock.now(), notify=notify, gate=gate):
+        return True
+    logger.info(
+        "Webhook %s:%s %s was already received; not dispatched again",
+        new.source,
+        new.event,
+        new.provider_id,
+    )
+    return False
+
+
+def accept_events(
+    source: WebhookSource,
+    events: list[WebhookEvent],
+    *,
+    delivery_id: str | None,
+    body: bytes,
+) -> int:
+    """Store each new event with its receipt and start its run; how many were new.
+
+    A redelivered event (same source, event and provider id) is not stored or
+    dispatched again.
+    """
+    rows = new_events(source, events, delivery_id=delivery_id, body=body)
+    return sum(store_new_event(new) for new in rows)

@@ -1,10 +1,13 @@
-"""Storing an accepted webhook event: its receipt and its workflow run, both or neither.
+"""Webhook SQL: reading a source's switch and secrets, and storing an accepted event
+(its receipt and its workflow run, both or neither).
 
-On PostgreSQL this is one statement: the receipt, the run only when the receipt was
-new, and the workers' wake-up, so outside a transaction it needs no BEGIN or COMMIT
-of its own. Every other database gets two INSERTs in one transaction, the run first
-(MariaDB and MySQL check foreign keys at once), where the receipt's unique
-constraint refuses a redelivery and takes the run back with it.
+On PostgreSQL an event is one statement: the receipt, the run only when the receipt
+was new, and the workers' wake-up, so outside a transaction it needs no BEGIN or
+COMMIT of its own. With a :class:`Gate` the same statement first checks that the
+source is still enabled with the credential values the request was verified
+against, and stores nothing otherwise. Every other database gets two INSERTs in one
+transaction, the run first (MariaDB and MySQL check foreign keys at once), where the
+receipt's unique constraint refuses a redelivery and takes the run back with it.
 """
 
 from __future__ import annotations
@@ -21,9 +24,15 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Model
 from django.utils import timezone
 
-from pikku_django.models import RunStatus, WebhookReceipt, WorkflowRun
-from pikku_django.prepared import fetch
-from pikku_django.workflows.sql import CHANNEL, notify_work
+from pikku_django.models import (
+    CredentialValue,
+    RunStatus,
+    TriggerSource,
+    WebhookReceipt,
+    WorkflowRun,
+)
+from pikku_django.prepared import fetch, write_together
+from pikku_django.workflows.sql import CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +51,64 @@ RUN_FIELDS = (
     "created_at",
     "updated_at",
 )
-RECEIPT_FIELDS = ("source", "event", "provider_id", "data", "run_id", "received_at")
+RECEIPT_FIELDS = ("source", "event", "provider_id", "run_id", "received_at")
 RECEIPT_KEY = ("source", "event", "provider_id")
+
+
+#: The channel PostgreSQL notifies when a source's row or a credential value changes
+#: (a trigger, migration 0005), so web processes drop the switches and secrets they keep.
+SOURCES_CHANNEL = "pikku_sources"
+
+
+class SourceChanged(Exception):
+    """A gated store found the source disabled, or its credential values changed."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What a request was answered against: the stored event is written only if the
+    source ``source`` is still enabled and ``credential``'s active values still join
+    (oldest first, comma-separated ciphertexts) to ``fingerprint``."""
+
+    source: str
+    credential: str
+    fingerprint: str
+
+
+def _state_sql(quote: Callable[[str], str]) -> str:
+    source = TriggerSource._meta
+    value = CredentialValue._meta
+
+    def col(meta: Any, name: str) -> str:
+        return quote(meta.get_field(name).column)
+
+    return (
+        f"SELECT s.{col(source, 'enabled')}, c.{col(value, 'ciphertext')} "
+        f"FROM {quote(source.db_table)} s LEFT JOIN {quote(value.db_table)} c "
+        f"ON c.{col(value, 'credential')} = %s AND c.{col(value, 'active')} = %s "
+        f"WHERE s.{col(source, 'name')} = %s ORDER BY c.{quote(value.pk.column)}"
+    )
+
+
+_state_sql_by_vendor: dict[str, str] = {}
+
+
+def read_source_state(using: str, source: str, credential: str) -> tuple[bool | None, list[str]]:
+    """``source``'s switch (None when it has no row) and ``credential``'s active
+    ciphertexts, oldest first, in one query."""
+    connection = connections[using]
+    sql = _state_sql_by_vendor.get(connection.vendor)
+    if sql is None:
+        sql = _state_sql_by_vendor[connection.vendor] = _state_sql(connection.ops.quote_name)
+    rows = fetch(using, sql, [credential, True, source])
+    if not rows:
+        return None, []
+    return bool(rows[0][0]), [token for _, token in rows if token]
+
+
+def fingerprint_of(ciphertexts: list[str]) -> str:
+    """The gate's fingerprint of a credential's active ciphertexts (oldest first)."""
+    return ",".join(ciphertexts)
 
 
 @dataclass(frozen=True)
@@ -84,8 +149,8 @@ class _Statements:
     receipt: str = ""
 
 
-#: Built statements by (vendor, notify, handler): a handful, made on first use.
-_built: dict[tuple[str, bool, bool], _Statements] = {}
+#: Built statements by (vendor, notify, handler, gate): a handful, made on first use.
+_built: dict[tuple[str, bool, bool, bool], _Statements] = {}
 
 
 def _columns(model: type[Model], names: tuple[str, ...], quote: Callable[[str], str]) -> str:
@@ -93,27 +158,46 @@ def _columns(model: type[Model], names: tuple[str, ...], quote: Callable[[str], 
     return ", ".join(quote(fields[name].column) for name in names)
 
 
-def _postgresql(quote: Callable[[str], str], notify: bool, handler: bool) -> _Statements:
+def _postgresql(
+    quote: Callable[[str], str], notify: bool, handler: bool, gate: bool
+) -> _Statements:
     run_id = quote(WebhookReceipt._meta.get_field("run").column)
-    data = quote(WebhookReceipt._meta.get_field("data").column)
     event = "jsonb_build_object('source', %s::text, 'event', %s::text, 'id', %s::text, "
-    event += f"'data', {data})"
+    event += "'data', %s::jsonb)"
     run_input = f"jsonb_build_object('handler', %s::text, 'event', {event})" if handler else event
-    last = f"SELECT pg_notify('{CHANNEL}', '') FROM run" if notify else "SELECT 1 FROM run"
+    receipt_values = "%s::text, %s::text, %s::text, %s::uuid, %s::timestamptz"
+    if gate:
+        source = TriggerSource._meta
+        value = CredentialValue._meta
+        checked = (
+            f"WITH gate AS (SELECT 1 FROM {quote(source.db_table)} "
+            f"WHERE {quote(source.get_field('name').column)} = %s "
+            f"AND {quote(source.get_field('enabled').column)} "
+            f"AND COALESCE((SELECT string_agg({quote(value.get_field('ciphertext').column)}, ',' "
+            f"ORDER BY {quote(value.pk.column)}) FROM {quote(value.db_table)} "
+            f"WHERE {quote(value.get_field('credential').column)} = %s "
+            f"AND {quote(value.get_field('active').column)}), '') = %s), "
+        )
+        receipt_rows = f"SELECT {receipt_values} FROM gate"
+        opened = "(SELECT count(*) FROM gate)"
+    else:
+        checked = "WITH "
+        receipt_rows = f"VALUES ({receipt_values})"
+        opened = "1"
+    woken = f"(SELECT pg_notify('{CHANNEL}', '') FROM run)" if notify else "NULL"
     return _Statements(
         single=(
-            f"WITH receipt AS ("
+            f"{checked}receipt AS ("
             f"INSERT INTO {quote(WebhookReceipt._meta.db_table)} "
-            f"({_columns(WebhookReceipt, RECEIPT_FIELDS, quote)}) "
-            f"VALUES (%s, %s, %s, %s::jsonb, %s, %s) "
+            f"({_columns(WebhookReceipt, RECEIPT_FIELDS, quote)}) {receipt_rows} "
             f"ON CONFLICT ({_columns(WebhookReceipt, RECEIPT_KEY, quote)}) DO NOTHING "
-            f"RETURNING {run_id}, {data}), "
+            f"RETURNING {run_id}), "
             f"run AS ("
             f"INSERT INTO {quote(WorkflowRun._meta.db_table)} "
             f"({_columns(WorkflowRun, RUN_FIELDS, quote)}) "
             f"SELECT {run_id}, %s, %s, {run_input}, NULL, NULL, '', false, %s, %s, 0, %s, %s "
             f"FROM receipt RETURNING {quote(WorkflowRun._meta.pk.column)}) "
-            f"{last}"
+            f"SELECT {opened}, (SELECT count(*) FROM run), {woken}"
         )
     )
 
@@ -131,29 +215,34 @@ def _portable(quote: Callable[[str], str]) -> _Statements:
     )
 
 
-def statements_for(using: str, *, notify: bool, handler: bool) -> _Statements:
-    """The statements for ``using``'s vendor, built once per vendor and shape."""
+def statements_for(using: str, *, notify: bool, handler: bool, gate: bool = False) -> _Statements:
+    """The statements for ``using``'s vendor, built once per vendor and shape
+    (``gate`` only on PostgreSQL)."""
     connection = connections[using]
-    key = (connection.vendor, notify, handler)
+    postgresql = connection.vendor == "postgresql"
+    key = (connection.vendor, notify, handler, gate and postgresql)
     found = _built.get(key)
     if found is None:
         quote = connection.ops.quote_name
         found = _built[key] = (
-            _postgresql(quote, notify, handler)
-            if connection.vendor == "postgresql"
-            else _portable(quote)
+            _postgresql(quote, notify, handler, gate) if postgresql else _portable(quote)
         )
     return found
 
 
-def store_event(using: str, new: NewEvent, *, wake_at: datetime, notify: bool) -> bool:
+def store_event(
+    using: str, new: NewEvent, *, wake_at: datetime, notify: bool, gate: Gate | None = None
+) -> bool:
     """Store ``new``'s receipt and start its run, due at ``wake_at``: both or neither.
 
     False, with nothing stored, when the receipt (or the run's idempotency key)
-    already exists. ``notify`` wakes idle workers when the run is committed.
+    already exists. ``notify`` wakes idle workers when the run is committed. With
+    ``gate`` (PostgreSQL), :class:`SourceChanged` when the source no longer matches
+    it, with nothing stored.
     """
     connection = connections[using]
-    statements = statements_for(using, notify=notify, handler=new.handler is not None)
+    gated = gate is not None and connection.vendor == "postgresql"
+    statements = statements_for(using, notify=notify, handler=new.handler is not None, gate=gated)
     adapt = connection.ops.adapt_datetimefield_value
     now = adapt(timezone.now())
     due = adapt(wake_at)
@@ -161,33 +250,35 @@ def store_event(using: str, new: NewEvent, *, wake_at: datetime, notify: bool) -
     status = RunStatus.RUNNING.value
     try:
         if statements.single:
-            params: list[Any] = [new.source, new.event, new.provider_id, new.data_json]
-            params += [run_id, now, new.workflow, status]
+            params: list[Any] = []
+            if gated:
+                assert gate is not None
+                params += [gate.source, gate.credential, gate.fingerprint]
+            params += [new.source, new.event, new.provider_id, run_id, now]
+            params += [new.workflow, status]
             if new.handler is not None:
                 params.append(new.handler)
-            params += [new.source, new.event, new.provider_id, new.idempotency_key, due, now, now]
-            return _run_single(using, statements.single, params)
-        with transaction.atomic(using=using), connection.cursor() as cursor:
-            run = [run_id, new.workflow, status, new.input_json(), None, None, "", False]
-            run += [new.idempotency_key, due, 0, now, now]
-            cursor.execute(statements.run, run)
-            cursor.execute(
-                statements.receipt,
-                [new.source, new.event, new.provider_id, new.data_json, run_id, now],
-            )
-            if notify:
-                notify_work(using)
+            params += [new.source, new.event, new.provider_id, new.data_json]
+            params += [new.idempotency_key, due, now, now]
+            opened, started, _ = _run_single(using, statements.single, params)
+            if not opened:
+                raise SourceChanged(new.source)
+            return bool(started)
+        run = [run_id, new.workflow, status, new.input_json(), None, None, "", False]
+        run += [new.idempotency_key, due, 0, now, now]
+        receipt = [new.source, new.event, new.provider_id, run_id, now]
+        write_together(using, [(statements.run, run), (statements.receipt, receipt)])
     except IntegrityError as exc:
         logger.debug("Webhook %s:%s %s not stored: %s", new.source, new.event, new.provider_id, exc)
         return False
     return True
 
 
-def _run_single(using: str, sql: str, params: list[Any]) -> bool:
-    """Run the one statement; True when it started a run."""
+def _run_single(using: str, sql: str, params: list[Any]) -> Any:
+    """Run the one statement: its one row."""
     connection = connections[using]
     if connection.in_atomic_block or not connection.get_autocommit():
         # Inside the caller's transaction: a savepoint, so a refused run leaves it usable.
         with transaction.atomic(using=using):
-            return bool(fetch(using, sql, params))
-    return bool(fetch(using, sql, params))
+            return fetch(using, sql, params)[0]
+    return fetch(using, sql, params)[0]

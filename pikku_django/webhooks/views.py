@@ -1,4 +1,10 @@
-"""The view every webhook source's route goes to: verify first, then receive."""
+"""The view every webhook source's route goes to: verify first, then receive.
+
+A source's switch and secrets may come from what the database connection kept from
+an earlier request (:mod:`pikku_django.webhooks.state`). Such a state is confirmed
+before the answer stands: each stored event's statement checks it (its gate), and
+every other answer reads it afresh first.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,12 @@ import logging
 import time
 from typing import Any
 
+from django.db import router, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from pikku_django.conf import pikku_settings
-from pikku_django.webhooks.credentials import source_state
+from pikku_django.models import TriggerSource
 from pikku_django.webhooks.sources import (
     ReceiveContext,
     Received,
@@ -19,12 +26,18 @@ from pikku_django.webhooks.sources import (
     WebhookSource,
     source_for_route,
 )
+from pikku_django.webhooks.sql import SourceChanged
+from pikku_django.webhooks.state import SourceState, source_state
 from pikku_django.webhooks.verify import (
     MalformedSignatureError,
+    VerifiedRequest,
     WebhookVerificationError,
 )
 
 logger = logging.getLogger(__name__)
+
+#: How many times one request re-reads a source that changed while its events were stored.
+MAX_RECHECKS = 3
 
 
 def _error(status: int, message: str) -> JsonResponse:
@@ -85,61 +98,121 @@ def _valid_events(source: WebhookSource, events: Any) -> list[WebhookEvent]:
     return kept
 
 
+def _verify(
+    source: WebhookSource, request: HttpRequest, body: bytes, state: SourceState
+) -> VerifiedRequest | HttpResponse:
+    """The verifier's result for a signed body, or the answer refusing it."""
+    assert source.verify is not None
+    if not state.secrets:
+        logger.warning(
+            "Webhook %s refused: credential %r has no value", source.name, source.credential
+        )
+        return _error(401, "webhook secret is not set")
+    try:
+        return source.verify.verify(request.headers, body, state.secrets, now=time.time())
+    except MalformedSignatureError as exc:
+        return _error(400, f"malformed signature: {exc}")
+    except WebhookVerificationError as exc:
+        logger.info("Webhook %s refused: %s", source.name, exc)
+        return _error(401, "signature does not match")
+
+
+def _not_found() -> JsonResponse:
+    return _error(404, "no such webhook source")
+
+
 @csrf_exempt
+@transaction.non_atomic_requests
 def webhook(request: HttpRequest, route: str) -> HttpResponse:
     """Answer one webhook request for the source declared at ``route``."""
-    from pikku_django.webhooks.dispatch import accept_events
+    from pikku_django.webhooks.dispatch import new_events, store_new_event
 
     source = source_for_route(route)
     if source is None:
-        return _error(404, "no such webhook source")
-    enabled, secrets = source_state(source.name, source.credential)
-    if not enabled:
-        return _error(404, "no such webhook source")
+        return _not_found()
+    using = router.db_for_write(TriggerSource)  # never a replica: the switch must be current
+    # A kept state needs the gate, which runs where the events are stored.
+    gated = using == pikku_settings.WORKFLOW_DATABASE
+    state = source_state(source.name, source.credential, using, fresh=not gated)
+
+    def fresh() -> SourceState:
+        return source_state(source.name, source.credential, using, fresh=True)
+
+    if not state.enabled:  # never a kept state: only enabled ones are kept
+        return _not_found()
+    if request.method not in ("POST", "PUT", "GET", "HEAD"):
+        state = fresh() if state.cached else state
+        return _error(405, "method not allowed") if state.enabled else _not_found()
     if request.method == "HEAD":
-        return HttpResponse(status=200)
-    if request.method not in ("POST", "PUT", "GET"):
-        return _error(405, "method not allowed")
+        state = fresh() if state.cached else state
+        return HttpResponse(status=200) if state.enabled else _not_found()
     body = _read_body(request, int(pikku_settings.WEBHOOK_MAX_BODY))
     if body is None:
-        return _error(413, "request body too large")
+        state = fresh() if state.cached else state
+        return _error(413, "request body too large") if state.enabled else _not_found()
 
     delivery_id = None
     verified = False
     if body:
         if source.verify is not None:
-            if not secrets:
-                logger.warning(
-                    "Webhook %s refused: credential %r has no value",
-                    source.name,
-                    source.credential,
-                )
-                return _error(401, "webhook secret is not set")
-            try:
-                result = source.verify.verify(request.headers, body, secrets, now=time.time())
-            except MalformedSignatureError as exc:
-                return _error(400, f"malformed signature: {exc}")
-            except WebhookVerificationError as exc:
-                logger.info("Webhook %s refused: %s", source.name, exc)
-                return _error(401, "signature does not match")
-            delivery_id = result.delivery_id
-            verified = True
-        else:
-            verified = True  # a source that declares no verify accepts any body
+            outcome = _verify(source, request, body, state)
+            if isinstance(outcome, HttpResponse) and state.cached:
+                state = fresh()  # a secret may have been added since it was kept
+                if not state.enabled:
+                    return _not_found()
+                outcome = _verify(source, request, body, state)
+            if isinstance(outcome, HttpResponse):
+                return outcome
+            delivery_id = outcome.delivery_id
+        verified = True  # a source that declares no verify accepts any body
+    elif state.cached:  # receive answers a handshake itself: the switch must be known
+        state = fresh()
+        if not state.enabled:
+            return _not_found()
 
     ctx = ReceiveContext(source=source, body=body, verified=verified, delivery_id=delivery_id)
     try:
         received = _as_received(source.receive(request, ctx))
     except (ValueError, KeyError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         logger.info("Webhook %s: receive refused the body: %s", source.name, exc)
-        return _error(400, "the body could not be read")
-    accepted = 0
-    if received.events:
-        if not verified:
-            return _error(401, "events need a signed body")
-        accepted = accept_events(
+        state = fresh() if state.cached else state
+        return _error(400, "the body could not be read") if state.enabled else _not_found()
+    if received.events and not verified:
+        return _error(401, "events need a signed body")  # bodyless: the state is fresh
+
+    rows = (
+        new_events(
             source, _valid_events(source, received.events), delivery_id=delivery_id, body=body
         )
+        if received.events
+        else []
+    )
+    confirmed = not state.cached
+    accepted = 0
+    rechecks = 0
+    index = 0
+    while index < len(rows):
+        try:
+            accepted += store_new_event(rows[index], gate=state.gate if gated else None)
+        except SourceChanged:
+            rechecks += 1
+            state = fresh()
+            if not state.enabled:
+                logger.info("Webhook %s was disabled while its events were stored", source.name)
+                return _not_found()
+            if rechecks > MAX_RECHECKS:
+                return _error(503, "the source kept changing; send the request again")
+            if source.verify is not None:  # its secrets changed: verify again
+                outcome = _verify(source, request, body, state)
+                if isinstance(outcome, HttpResponse):
+                    return outcome
+            continue
+        confirmed = True
+        index += 1
+    if not confirmed:  # nothing was stored, so no gate confirmed the kept state
+        state = fresh()
+        if not state.enabled:
+            return _not_found()
     if received.response is not None:
         return received.response
     return _received(accepted)

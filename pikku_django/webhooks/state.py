@@ -1,0 +1,133 @@
+"""A webhook source's switch and secrets as a request sees them.
+
+On PostgreSQL (with ``PIKKU["WEBHOOK_STATE_CACHE"]``, on by default) an enabled
+source's state is kept on the database connection between requests. The connection
+listens on :data:`~pikku_django.webhooks.sql.SOURCES_CHANNEL`, which a trigger
+notifies whenever a source's row or a credential value changes, and drops what it
+keeps when a notification arrives. A state taken from there is marked ``cached``:
+the view has it confirmed by the database before its answer stands, through the
+gate of the statement that stores the request's events, or by reading it afresh.
+Only enabled sources are kept, so a 404 is always answered from a fresh read.
+Every other database, and a connection inside a transaction, reads the state on
+every request.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connections
+
+from pikku_django.conf import pikku_settings
+from pikku_django.webhooks.credentials import configured_values, decrypt_cached
+from pikku_django.webhooks.sql import SOURCES_CHANNEL, Gate, fingerprint_of, read_source_state
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SourceState:
+    """A source's switch (None: no row, an unknown source) and its credential's values.
+
+    ``secrets`` are the values from settings, then the stored ones newest first.
+    ``gate`` is what a stored event is checked against; ``cached`` says the state
+    was kept from an earlier request and has not been confirmed since.
+    """
+
+    enabled: bool | None
+    secrets: list[str]
+    gate: Gate
+    cached: bool = False
+
+
+@dataclass
+class _Kept:
+    """What one PostgreSQL connection keeps: states by (source, credential)."""
+
+    states: dict[tuple[str, str], SourceState] = field(default_factory=dict)
+    generation: int = 0
+
+    def on_notify(self, notify: Any) -> None:
+        if notify.channel == SOURCES_CHANNEL:
+            self.states.clear()
+            self.generation += 1
+
+
+#: Per psycopg connection; an entry goes when its connection does.
+_kept: weakref.WeakKeyDictionary[Any, _Kept] = weakref.WeakKeyDictionary()
+
+
+def source_state(
+    source: str, credential: str | None, using: str = "default", *, fresh: bool = False
+) -> SourceState:
+    """``source``'s state for a request on ``using``: kept, or read (``fresh`` always reads)."""
+    credential = credential or ""
+    kept = _kept_for(using)
+    if kept is not None and not fresh:
+        found = kept.states.get((source, credential))
+        if found is not None:
+            return found
+    generation = kept.generation if kept is not None else 0
+    enabled, ciphertexts = read_source_state(using, source, credential)
+    secrets = configured_values(credential) if credential else []
+    secrets += [decrypt_cached(token) for token in reversed(ciphertexts)]
+    state = SourceState(enabled, secrets, Gate(source, credential, fingerprint_of(ciphertexts)))
+    if enabled and kept is not None and kept.generation == generation:
+        kept.states[(source, credential)] = SourceState(enabled, secrets, state.gate, cached=True)
+    return state
+
+
+def _kept_for(using: str) -> _Kept | None:
+    """The states ``using``'s connection keeps, or None when it keeps none.
+
+    A connection keeps states only on PostgreSQL (psycopg 3), with the setting on,
+    when it outlives the request (``CONN_MAX_AGE`` or a pool), and outside a
+    transaction: a LISTEN inside one would only count from its commit. Notifications
+    already received are taken in first; a connection's first call LISTENs.
+    """
+    if not pikku_settings.WEBHOOK_STATE_CACHE:
+        return None
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return None
+    if connection.settings_dict.get("CONN_MAX_AGE") == 0 and not getattr(connection, "pool", None):
+        return None  # a new connection every request: keeping would cost a LISTEN each
+    if connection.in_atomic_block or not connection.get_autocommit():  # connects if need be
+        return None
+    raw = connection.connection
+    if not hasattr(raw, "add_notify_handler"):  # psycopg2
+        return None
+    kept = _kept.get(raw)
+    if kept is not None:
+        try:
+            _take_notifications(raw)
+        except Exception:  # the connection broke: read instead, and let that report it
+            logger.debug("Reading notifications failed; the state is read", exc_info=True)
+            del _kept[raw]
+            return None
+        return kept
+    kept = _Kept()
+    with connection.wrap_database_errors:
+        raw.execute(f"LISTEN {SOURCES_CHANNEL}")
+    raw.add_notify_handler(kept.on_notify)
+    _kept[raw] = kept
+    return kept
+
+
+def _take_notifications(raw: Any) -> None:
+    """Hand notifications already received on ``raw`` to its handlers, without waiting."""
+    pgconn = raw.pgconn
+    pgconn.consume_input()
+    while (notify := pgconn.notifies()) is not None:
+        if pgconn.notify_handler is not None:
+            pgconn.notify_handler(notify)
+
+
+def forget_kept_states() -> None:
+    """Drop every kept state in this process (tests; after changing settings)."""
+    for kept in list(_kept.values()):
+        kept.states.clear()
+        kept.generation += 1
