@@ -17,8 +17,18 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, TriggerSource, WebhookReceipt, WorkflowRun
-from pikku_django.webhooks import WebhookEvent, credential_name, set_credential
-from pikku_django.webhooks.dispatch import DISPATCH_WORKFLOW, accept_events
+from pikku_django.webhooks import (
+    ReceiveContext,
+    WebhookEvent,
+    credential_name,
+    set_credential,
+)
+from pikku_django.webhooks.dispatch import (
+    DISPATCH_WORKFLOW,
+    accept_events,
+    new_events,
+    store_new_event,
+)
 from pikku_django.webhooks.lifecycle import sync
 from pikku_django.webhooks.sql import NewEvent, store_event
 from pikku_django.workflows import get_engine
@@ -347,3 +357,54 @@ def test_event_data_that_is_not_json_is_dropped(data: Any) -> None:
     assert accept_events(webhook_defs.github, [event], delivery_id=None, body=b"{}") == 0
     assert not WebhookReceipt.objects.exists()
     assert not WorkflowRun.objects.exists()
+
+
+def _context(body: bytes) -> ReceiveContext:
+    return ReceiveContext(source=webhook_defs.github, body=body, verified=True, delivery_id="b-1")
+
+
+def test_a_body_event_keeps_the_body_text_and_its_parsed_data() -> None:
+    body = b'{"ref":  "main", "n": [1, 2.5e0, null, "\\u00fc"]}'
+    event = _context(body).body_event("push", id="b-1")
+    assert (event.name, event.id) == ("push", "b-1")
+    assert event.data == {"ref": "main", "n": [1, 2.5, None, "ü"]}
+    assert event == WebhookEvent("push", id="b-1", data=event.data)  # the text is not compared
+    (row,) = new_events(webhook_defs.github, [event], delivery_id="b-1", body=body)
+    assert row.data_json == body.decode()  # stored as it came, not encoded again
+
+
+@pytest.mark.parametrize(
+    "body", [b'{"ref": NaN}', b"[Infinity]", b"-Infinity", b"{'ref': 1}", b"", b"\xff{}"]
+)
+def test_a_body_event_refuses_what_is_not_strict_json(body: bytes) -> None:
+    with pytest.raises(ValueError, match=r"is not JSON|Expecting|can't decode"):
+        _context(body).body_event("push")
+
+
+@on_databases(*VENDORS)
+def test_a_body_event_is_stored_as_its_data(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    body = b'{ "ref" : "main", "n": [1, 2.5, null, "\\u00fc"] }'
+    event = _context(body).body_event("push", id="b-2")
+    (row,) = new_events(webhook_defs.github, [event], delivery_id="b-2", body=body)
+    assert store_new_event(row) is True
+    assert WorkflowRun.objects.using(alias).get().input["data"] == DATA
+
+
+@on_databases("postgres")
+def test_data_the_database_refuses_is_dropped_not_raised(vendor: str, settings: Any) -> None:
+    """PostgreSQL's jsonb takes no \\u0000; the event is dropped as data that is not JSON is."""
+    alias = workflow_database(vendor, settings)
+    event = _context(b'{"ref": "\\u0000"}').body_event("push", id="nul")
+    (row,) = new_events(webhook_defs.github, [event], delivery_id="nul", body=b"")
+    assert store_new_event(row) is False
+    assert not WebhookReceipt.objects.using(alias).exists()
+    assert not WorkflowRun.objects.using(alias).exists()
+    encoded = new_events(
+        webhook_defs.github,
+        [WebhookEvent("push", id="nul2", data={"ref": "\0"})],
+        delivery_id=None,
+        body=b"",
+    )
+    assert store_new_event(encoded[0]) is False
+    assert store_event(alias, new_event("after"), wake_at=timezone.now(), notify=True)

@@ -8,7 +8,6 @@ from django.http import HttpRequest
 
 from pikku_django.webhooks import (
     ReceiveContext,
-    WebhookEvent,
     WebhookSource,
     register_source,
     start_workflow_on,
@@ -22,7 +21,7 @@ SOURCE = "bench-github"
 def receive(request: HttpRequest, ctx: ReceiveContext) -> Any:
     """The event named by ``X-GitHub-Event``, keyed by the delivery id, with the JSON body."""
     event = request.headers.get("X-GitHub-Event", "")
-    return [WebhookEvent(event, id=ctx.delivery_id, data=ctx.json())]
+    return [ctx.body_event(event, id=ctx.delivery_id)]
 
 
 source = register_source(

@@ -82,10 +82,8 @@ class WorkflowRun(models.Model):
                 fields=("workflow", "idempotency_key"), name="pikku_run_idempotency_key"
             ),
         )
-        indexes = (
-            models.Index(fields=("status", "wake_at"), name="pikku_run_due"),
-            models.Index(fields=("workflow", "status"), name="pikku_run_workflow"),
-        )
+        # Lookups by workflow use the idempotency key's unique index, which starts with it.
+        indexes = (models.Index(fields=("status", "wake_at"), name="pikku_run_due"),)
 
     def __str__(self) -> str:
         return f"{self.workflow} {self.id} ({self.status})"

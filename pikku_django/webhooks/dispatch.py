@@ -8,6 +8,8 @@ import json
 import logging
 from typing import Any
 
+from django.db import DataError
+
 from pikku_django.conf import pikku_settings
 from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, handler_for
 from pikku_django.webhooks.sql import Gate, NewEvent, store_event
@@ -59,7 +61,10 @@ def new_events(
             continue
         provider_id = provider_id_for(event, delivery_id, body)
         try:
-            data_json = None if event.data is None else _encode(event.data)
+            if event._json is not None:
+                data_json = event._json
+            else:
+                data_json = None if event.data is None else _encode(event.data)
         except (TypeError, ValueError):
             logger.warning(
                 "Webhook %s:%s %s: its data is not JSON; dropped",
@@ -92,8 +97,18 @@ def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> bool:
 
     engine = get_engine()
     notify = bool(pikku_settings.WORKER_NOTIFY)
-    if store_event(engine.using, new, wake_at=engine.clock.now(), notify=notify, gate=gate):
-        return True
+    try:
+        if store_event(engine.using, new, wake_at=engine.clock.now(), notify=notify, gate=gate):
+            return True
+    except DataError as exc:  # e.g. PostgreSQL refuses \u0000 in JSON text
+        logger.warning(
+            "Webhook %s:%s %s: the database refused its data; dropped: %s",
+            new.source,
+            new.event,
+            new.provider_id,
+            exc,
+        )
+        return False
     logger.info(
         "Webhook %s:%s %s was already received; not dispatched again",
         new.source,

@@ -30,6 +30,12 @@ class WebhookEvent:
     name: str
     id: str | None = None
     data: Any = None
+    #: ``data`` as the JSON text it was parsed from (:meth:`ReceiveContext.body_event`).
+    _json: str | None = field(default=None, repr=False, compare=False)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,16 @@ class ReceiveContext:
         import json
 
         return json.loads(self.body.decode("utf-8"))
+
+    def body_event(self, name: str, id: str | None = None) -> WebhookEvent:
+        """One event whose data is the whole JSON body (ValueError when it is not
+        JSON), stored as it came rather than encoded again."""
+        import json
+
+        text = self.body.decode("utf-8")
+        return WebhookEvent(
+            name, id=id, data=json.loads(text, parse_constant=_no_constant), _json=text
+        )
 
 
 @dataclass

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
+from django.utils.datastructures import CaseInsensitiveMapping
+
 try:
     from cryptography import x509
     from cryptography.exceptions import InvalidSignature
@@ -177,7 +179,12 @@ class Headers:
     """The request headers as a verifier reads them: trimmed, bounded text."""
 
     def __init__(self, headers: Mapping[Any, Any]) -> None:
-        self.mapping = _CaseInsensitiveHeaders(headers)
+        # Django's request.headers is already looked up without regard to case.
+        self.mapping = (
+            headers
+            if isinstance(headers, CaseInsensitiveMapping)
+            else _CaseInsensitiveHeaders(headers)
+        )
 
     def get(self, name: str) -> str | None:
         """The trimmed value of ``name``, or ``None`` when absent or empty."""
