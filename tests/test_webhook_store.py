@@ -387,7 +387,8 @@ def test_a_body_event_is_stored_as_its_data(vendor: str, settings: Any) -> None:
     body = b'{ "ref" : "main", "n": [1, 2.5, null, "\\u00fc"] }'
     event = _context(body).body_event("push", id="b-2")
     (row,) = new_events(webhook_defs.github, [event], delivery_id="b-2", body=body)
-    assert store_new_event(row) is True
+    assert store_new_event(row) == "stored"
+    assert store_new_event(row) == "redelivery"
     assert WorkflowRun.objects.using(alias).get().input["data"] == DATA
 
 
@@ -397,7 +398,7 @@ def test_data_the_database_refuses_is_dropped_not_raised(vendor: str, settings: 
     alias = workflow_database(vendor, settings)
     event = _context(b'{"ref": "\\u0000"}').body_event("push", id="nul")
     (row,) = new_events(webhook_defs.github, [event], delivery_id="nul", body=b"")
-    assert store_new_event(row) is False
+    assert store_new_event(row) == "refused"
     assert not WebhookReceipt.objects.using(alias).exists()
     assert not WorkflowRun.objects.using(alias).exists()
     encoded = new_events(
@@ -406,5 +407,5 @@ def test_data_the_database_refuses_is_dropped_not_raised(vendor: str, settings: 
         delivery_id=None,
         body=b"",
     )
-    assert store_new_event(encoded[0]) is False
+    assert store_new_event(encoded[0]) == "refused"
     assert store_event(alias, new_event("after"), wake_at=timezone.now(), notify=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from django.db import DataError
 
@@ -87,8 +87,13 @@ def new_events(
     return rows
 
 
-def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> bool:
-    """Store one event with its receipt and start its run; False for a redelivery.
+#: What :func:`store_new_event` did: stored it, found it stored already, or the
+#: database refused its data (nothing stored, nothing checked).
+Outcome = Literal["stored", "redelivery", "refused"]
+
+
+def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> Outcome:
+    """Store one event with its receipt and start its run.
 
     With ``gate``: :class:`~pikku_django.webhooks.sql.SourceChanged`, nothing stored,
     when the source no longer matches it.
@@ -99,7 +104,7 @@ def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> bool:
     notify = bool(pikku_settings.WORKER_NOTIFY)
     try:
         if store_event(engine.using, new, wake_at=engine.clock.now(), notify=notify, gate=gate):
-            return True
+            return "stored"
     except DataError as exc:  # e.g. PostgreSQL refuses \u0000 in JSON text
         logger.warning(
             "Webhook %s:%s %s: the database refused its data; dropped: %s",
@@ -108,14 +113,14 @@ def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> bool:
             new.provider_id,
             exc,
         )
-        return False
+        return "refused"
     logger.info(
         "Webhook %s:%s %s was already received; not dispatched again",
         new.source,
         new.event,
         new.provider_id,
     )
-    return False
+    return "redelivery"
 
 
 def accept_events(
@@ -131,4 +136,4 @@ def accept_events(
     dispatched again.
     """
     rows = new_events(source, events, delivery_id=delivery_id, body=body)
-    return sum(store_new_event(new) for new in rows)
+    return sum(store_new_event(new) == "stored" for new in rows)

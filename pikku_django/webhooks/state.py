@@ -75,8 +75,13 @@ def source_state(
     secrets = configured_values(credential) if credential else []
     secrets += [decrypt_cached(token) for token in reversed(ciphertexts)]
     state = SourceState(enabled, secrets, Gate(source, credential, fingerprint_of(ciphertexts)))
-    if enabled and kept is not None and kept.generation == generation:
-        kept.states[(source, credential)] = SourceState(enabled, secrets, state.gate, cached=True)
+    if kept is not None:
+        if enabled and kept.generation == generation:
+            kept.states[(source, credential)] = SourceState(
+                enabled, secrets, state.gate, cached=True
+            )
+        else:  # switched off (or changed again) since it was kept: keep nothing
+            kept.states.pop((source, credential), None)
     return state
 
 
@@ -124,10 +129,3 @@ def _take_notifications(raw: Any) -> None:
     while (notify := pgconn.notifies()) is not None:
         if pgconn.notify_handler is not None:
             pgconn.notify_handler(notify)
-
-
-def forget_kept_states() -> None:
-    """Drop every kept state in this process (tests; after changing settings)."""
-    for kept in list(_kept.values()):
-        kept.states.clear()
-        kept.generation += 1

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+from django.conf import settings
 from django.db import router, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -122,7 +123,6 @@ def _not_found() -> JsonResponse:
 
 
 @csrf_exempt
-@transaction.non_atomic_requests
 def webhook(request: HttpRequest, route: str) -> HttpResponse:
     """Answer one webhook request for the source declared at ``route``."""
     from pikku_django.webhooks.dispatch import new_events, store_new_event
@@ -193,7 +193,7 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
     index = 0
     while index < len(rows):
         try:
-            accepted += store_new_event(rows[index], gate=state.gate if gated else None)
+            outcome = store_new_event(rows[index], gate=state.gate if gated else None)
         except SourceChanged:
             rechecks += 1
             state = fresh()
@@ -207,7 +207,8 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
                 if isinstance(outcome, HttpResponse):
                     return outcome
             continue
-        confirmed = True
+        accepted += outcome == "stored"
+        confirmed = confirmed or outcome != "refused"  # a refused statement checked nothing
         index += 1
     if not confirmed:  # nothing was stored, so no gate confirmed the kept state
         state = fresh()
@@ -216,3 +217,9 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
     if received.response is not None:
         return received.response
     return _received(accepted)
+
+
+# The view commits each event itself, so it never runs inside ATOMIC_REQUESTS: a kept
+# state needs a connection outside any transaction.
+for _alias in settings.DATABASES:
+    transaction.non_atomic_requests(using=_alias)(webhook)
