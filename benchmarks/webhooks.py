@@ -7,12 +7,15 @@ is a new event. The two sides, per database:
 
 * ``pikku``: ``/pikku/webhooks/bench-github/``, pikku_django's view
   (``pikku_django.urls``) for the source in ``benchmarks/webhook_bench/webhooks.py``:
-  the source is looked up and must be enabled, the secret is read from its stored
-  (encrypted) credential, the signature is verified, ``receive`` parses the JSON body,
-  and the event is stored as a ``WebhookReceipt`` with a ``WorkflowRun`` started for
-  it (``start_workflow_on``), both or neither: one statement on PostgreSQL (which also
-  sends the workers' ``NOTIFY``), one transaction of two ``INSERT`` statements on
-  SQLite. Nothing runs the workflows.
+  the source is looked up and must be enabled, the secret comes from its stored
+  (encrypted) credential, the signature is verified, ``receive`` parses the JSON body
+  (``ctx.body_event``), and the event is stored as a ``WebhookReceipt`` with a
+  ``WorkflowRun`` started for it (``start_workflow_on``), both or neither. On
+  PostgreSQL the connection keeps the source's switch and secrets between requests
+  (it LISTENs for changes), and the event is one statement that also checks them
+  (the gate) and sends the workers' ``NOTIFY``. On SQLite the switch and secrets are
+  read on every request, and the event is one transaction of two ``INSERT``
+  statements. Nothing runs the workflows.
 * ``bare``: ``/bench/bare/``, a plain Django view that stores the body and the
   delivery id with one ``INSERT`` (``RawDelivery``, a ``BinaryField``) and answers
   the same ``{"received": 1}``. No verification, no parsing.
