@@ -381,3 +381,20 @@ def test_receipts_are_a_read_only_list_linking_their_run(admin_client: Client) -
     assert admin_client.get(reverse("admin:pikku_django_webhookreceipt_add")).status_code == 403
     delete = reverse("admin:pikku_django_webhookreceipt_delete", args=[receipt.pk])
     assert admin_client.post(delete, {"post": "yes"}).status_code == 403
+
+
+def test_a_receipt_whose_run_was_pruned_shows_the_run_id_unlinked(admin_client: Client) -> None:
+    run = WorkflowRunFactory()
+    receipt = WebhookReceipt.objects.create(
+        source="prov-hooks", event="order.paid", provider_id="o-78", run=run
+    )
+    run_id = run.pk
+    run.delete()
+    listing = admin_client.get(reverse("admin:pikku_django_webhookreceipt_changelist"))
+    assert listing.status_code == 200
+    assert f"{run_id} (pruned)" in listing.content.decode()
+    page = admin_client.get(reverse("admin:pikku_django_webhookreceipt_change", args=[receipt.pk]))
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert f"{run_id} (pruned)" in body
+    assert reverse("admin:pikku_django_workflowrun_change", args=[run_id]) not in body

@@ -34,7 +34,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from pikku_django.admin.workflows import EMPTY, admin_link, json_block, workflow_database
-from pikku_django.models import CredentialValue, TriggerSource, WebhookReceipt
+from pikku_django.models import CredentialValue, TriggerSource, WebhookReceipt, WorkflowRun
 from pikku_django.webhooks import lifecycle
 from pikku_django.webhooks.credentials import set_credential
 from pikku_django.webhooks.lifecycle import Outcome, SourceError
@@ -374,14 +374,28 @@ class WebhookReceiptAdmin(admin.ModelAdmin):
     def run_link(self, obj: WebhookReceipt) -> SafeString | str:
         if obj.run_id is None:
             return EMPTY
-        return admin_link(obj.run, format_html("{} ({})", obj.run_id, obj.run.status))
+        run = _run_of(obj)
+        if run is None:
+            return format_html("{} ({})", obj.run_id, _("pruned"))
+        return admin_link(run, format_html("{} ({})", obj.run_id, run.status))
 
     @admin.display(description=gettext_lazy("data"))
     def data_json(self, obj: WebhookReceipt) -> SafeString | str:
         """The event's data, as its run holds it (a receipt keeps only its key)."""
-        if obj.run_id is None or not isinstance(obj.run.input, dict):
+        run = _run_of(obj)
+        if run is None or not isinstance(run.input, dict):
             return EMPTY
-        event = obj.run.input
+        event = run.input
         if "handler" in event:  # a function handler's run wraps the event
             event = event.get("event")
         return json_block(event.get("data") if isinstance(event, dict) else None)
+
+
+def _run_of(receipt: WebhookReceipt) -> WorkflowRun | None:
+    """The receipt's run, or None when it has none or it was pruned since."""
+    if receipt.run_id is None:
+        return None
+    try:
+        return receipt.run
+    except WorkflowRun.DoesNotExist:
+        return None

@@ -70,9 +70,13 @@ class WebhookReceipt(models.Model):
     source = models.CharField(_("source"), max_length=100)
     event = models.CharField(_("event"), max_length=200)
     provider_id = models.CharField(_("provider event id"), max_length=255)
+    # The run that handled the event. A receipt outlives it (it still refuses a
+    # redelivery after the run is pruned), so no constraint ties them and the id stays.
     run = models.ForeignKey(
         "pikku_django.WorkflowRun",
-        on_delete=models.SET_NULL,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
         null=True,
         blank=True,
         related_name="webhook_receipts",

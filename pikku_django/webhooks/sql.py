@@ -149,8 +149,8 @@ class _Statements:
     receipt: str = ""
 
 
-#: Built statements by (vendor, notify, handler, gate): a handful, made on first use.
-_built: dict[tuple[str, bool, bool, bool], _Statements] = {}
+#: Built statements by (vendor, notify, gate): a handful, made on first use.
+_built: dict[tuple[str, bool, bool], _Statements] = {}
 
 
 def _columns(model: type[Model], names: tuple[str, ...], quote: Callable[[str], str]) -> str:
@@ -158,13 +158,8 @@ def _columns(model: type[Model], names: tuple[str, ...], quote: Callable[[str], 
     return ", ".join(quote(fields[name].column) for name in names)
 
 
-def _postgresql(
-    quote: Callable[[str], str], notify: bool, handler: bool, gate: bool
-) -> _Statements:
+def _postgresql(quote: Callable[[str], str], notify: bool, gate: bool) -> _Statements:
     run_id = quote(WebhookReceipt._meta.get_field("run").column)
-    event = "jsonb_build_object('source', %s::text, 'event', %s::text, 'id', %s::text, "
-    event += "'data', %s::jsonb)"
-    run_input = f"jsonb_build_object('handler', %s::text, 'event', {event})" if handler else event
     receipt_values = "%s::text, %s::text, %s::text, %s::uuid, %s::timestamptz"
     if gate:
         source = TriggerSource._meta
@@ -195,7 +190,7 @@ def _postgresql(
             f"run AS ("
             f"INSERT INTO {quote(WorkflowRun._meta.db_table)} "
             f"({_columns(WorkflowRun, RUN_FIELDS, quote)}) "
-            f"SELECT {run_id}, %s, %s, {run_input}, NULL, NULL, '', false, %s, %s, 0, %s, %s "
+            f"SELECT {run_id}, %s, %s, %s::jsonb, NULL, NULL, '', false, %s, %s, 0, %s, %s "
             f"FROM receipt RETURNING {quote(WorkflowRun._meta.pk.column)}) "
             f"SELECT {opened}, (SELECT count(*) FROM run), {woken}"
         )
@@ -215,18 +210,16 @@ def _portable(quote: Callable[[str], str]) -> _Statements:
     )
 
 
-def statements_for(using: str, *, notify: bool, handler: bool, gate: bool = False) -> _Statements:
+def statements_for(using: str, *, notify: bool, gate: bool = False) -> _Statements:
     """The statements for ``using``'s vendor, built once per vendor and shape
     (``gate`` only on PostgreSQL)."""
     connection = connections[using]
     postgresql = connection.vendor == "postgresql"
-    key = (connection.vendor, notify, handler, gate and postgresql)
+    key = (connection.vendor, notify, gate and postgresql)
     found = _built.get(key)
     if found is None:
         quote = connection.ops.quote_name
-        found = _built[key] = (
-            _postgresql(quote, notify, handler, gate) if postgresql else _portable(quote)
-        )
+        found = _built[key] = _postgresql(quote, notify, gate) if postgresql else _portable(quote)
     return found
 
 
@@ -242,7 +235,7 @@ def store_event(
     """
     connection = connections[using]
     gated = gate is not None and connection.vendor == "postgresql"
-    statements = statements_for(using, notify=notify, handler=new.handler is not None, gate=gated)
+    statements = statements_for(using, notify=notify, gate=gated)
     adapt = connection.ops.adapt_datetimefield_value
     now = adapt(timezone.now())
     due = adapt(wake_at)
@@ -255,11 +248,7 @@ def store_event(
                 assert gate is not None
                 params += [gate.source, gate.credential, gate.fingerprint]
             params += [new.source, new.event, new.provider_id, run_id, now]
-            params += [new.workflow, status]
-            if new.handler is not None:
-                params.append(new.handler)
-            params += [new.source, new.event, new.provider_id, new.data_json]
-            params += [new.idempotency_key, due, now, now]
+            params += [new.workflow, status, new.input_json(), new.idempotency_key, due, now, now]
             opened, started, _ = _run_single(using, statements.single, params)
             if not opened:
                 raise SourceChanged(new.source)
