@@ -78,10 +78,9 @@ DEFAULTS: dict[str, Any] = {
     "STREAM_MAX_SECONDS": 3600.0,
     # The largest webhook body read, in bytes; larger requests get 413.
     "WEBHOOK_MAX_BODY": 1_048_576,
-    # Keep each enabled webhook source's switch and secrets on the database
-    # connection between requests: SQLite while the database is unchanged,
-    # PostgreSQL (persistent connections) until a change is notified, with every
-    # stored event re-checking them in its own statement. Turn off where
+    # PostgreSQL: keep each enabled webhook source's switch and secrets on a
+    # persistent connection between requests, dropped when a change is notified;
+    # every stored event re-checks them in its own statement. Turn off where
     # notifications do not reach the web server's connections (a pooler in
     # transaction mode).
     "WEBHOOK_STATE_CACHE": True,

@@ -63,6 +63,9 @@ def _logged(
     """Execute on the driver's ``cursor`` as Django's own cursors do: through the
     connection's execute wrappers, and into the query log while it is on (DEBUG,
     assertNumQueries)."""
+    if not connection.execute_wrappers and not connection.queries_logged:
+        cursor.execute(driver_sql, () if params is None else params, **options)
+        return
 
     def execute(sql: str, params: Any, many: bool, context: dict[str, Any]) -> None:
         cursor.execute(driver_sql, () if params is None else params, **options)

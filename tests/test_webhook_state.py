@@ -11,7 +11,6 @@ import hashlib
 import hmac
 import json
 import select
-import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -565,89 +564,11 @@ def test_the_state_is_read_afresh_when_the_workflow_database_differs(
     assert WebhookReceipt.objects.using("default").count() == 2
 
 
-# -- SQLite: kept while the database is unchanged -------------------------------------------
-
-
-@pytest.fixture
-def lite(vendor: str) -> str:
-    """pikku_django on SQLite (the default alias); wh-github enabled, with its secret."""
+@on_databases("sqlite")
+def test_nothing_is_kept_on_sqlite(vendor: str, client: Client) -> None:
+    """SQLite: every request reads the state."""
     alias = database_alias(vendor)
     sync()
     TriggerSource.objects.filter(name=SOURCE).update(enabled=True)
     set_credential(CREDENTIAL, SECRET)
-    return alias
-
-
-def on_another_sqlite_connection(alias: str, sql: str, params: list[Any]) -> None:
-    """Commit ``sql`` through a connection of its own to the same database file."""
-    other = sqlite3.connect(connections[alias].settings_dict["NAME"], isolation_level=None)
-    try:
-        other.execute(sql, params)
-    finally:
-        other.close()
-
-
-@on_databases("sqlite")
-def test_sqlite_keeps_the_state_across_its_own_events(
-    lite: str, client: Client, receive_calls: list[str]
-) -> None:
-    """Stored events change no state: after one read, requests read none (but the check)."""
-    assert post(client, push("one"), delivery="one").status_code == 200
-    with CaptureQueriesContext(connections[lite]) as captured:
-        for delivery in ("two", "three"):
-            assert post(client, push(delivery), delivery=delivery).json() == {"received": 1}
-    assert state_reads(captured) == 0
-    checks = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("PRAGMA")]
-    assert checks == ["PRAGMA data_version"] * 2
-    assert source_state(SOURCE, CREDENTIAL, lite).cached is False  # exact: no gate needed
-    assert WebhookReceipt.objects.count() == 3
-
-
-@on_databases("sqlite")
-def test_sqlite_sees_a_switch_off_by_another_connection(
-    lite: str, client: Client, receive_calls: list[str]
-) -> None:
-    assert post(client, push("one"), delivery="one").status_code == 200
-    on_another_sqlite_connection(
-        lite, "UPDATE pikku_trigger_source SET enabled = 0 WHERE name = ?", [SOURCE]
-    )
-    receive_calls.clear()
-    assert post(client, push("two"), delivery="two").status_code == 404
-    assert receive_calls == []
-    assert WebhookReceipt.objects.count() == 1
-
-
-@on_databases("sqlite")
-def test_sqlite_sees_a_switch_off_through_its_own_connection(
-    lite: str, client: Client, receive_calls: list[str]
-) -> None:
-    assert post(client, push("one"), delivery="one").status_code == 200
-    TriggerSource.objects.filter(name=SOURCE).update(enabled=False)
-    receive_calls.clear()
-    assert post(client, push("two"), delivery="two").status_code == 404
-    assert receive_calls == []
-
-
-@on_databases("sqlite")
-def test_sqlite_sees_a_rotated_secret(lite: str, client: Client) -> None:
-    assert post(client, push("one"), delivery="one").status_code == 200
-    on_another_sqlite_connection(
-        lite, "UPDATE pikku_credential_value SET active = 0 WHERE credential = ?", [CREDENTIAL]
-    )
-    on_another_sqlite_connection(
-        lite,
-        "INSERT INTO pikku_credential_value (credential, ciphertext, hint, active, created_at) "
-        "VALUES (?, ?, '', 1, '2026-01-01 00:00:00')",
-        [CREDENTIAL, encrypt(NEW_SECRET)],
-    )
-    assert post(client, push("old"), delivery="old").status_code == 401
-    answer = post(client, push("new"), delivery="new", secret=NEW_SECRET)
-    assert answer.json() == {"received": 1}
-
-
-@on_databases("sqlite")
-def test_sqlite_keeps_nothing_with_the_setting_off(
-    lite: str, client: Client, settings: Any
-) -> None:
-    settings.PIKKU = {"WEBHOOK_STATE_CACHE": False}
-    two_requests_read_twice(client, lite)
+    two_requests_read_twice(client, alias)

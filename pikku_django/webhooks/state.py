@@ -1,35 +1,27 @@
 """A webhook source's switch and secrets as a request sees them.
 
-With ``PIKKU["WEBHOOK_STATE_CACHE"]`` (on by default), an enabled source's state is
-kept on the database connection between requests instead of being read on each:
-
-* PostgreSQL: the connection listens on
-  :data:`~pikku_django.webhooks.sql.SOURCES_CHANNEL`, which a trigger notifies
-  whenever a source's row or a credential value changes, and drops what it keeps when
-  a notification arrives. Such a state is marked ``cached``: the view has it
-  confirmed by the database before its answer stands, through the gate of the
-  statement that stores the request's events, or by reading it afresh.
-* SQLite: what is kept holds while nothing has changed in the database since it was
-  read: no other connection committed (``PRAGMA data_version``) and this one changed
-  no row (``total_changes``) but through :func:`own_writes`. That is exact, so such a
-  state needs no confirmation.
-
-Only enabled sources are kept, so a 404 is always answered from a fresh read. Other
-databases, and a connection inside a transaction, read the state on every request.
+On PostgreSQL (with ``PIKKU["WEBHOOK_STATE_CACHE"]``, on by default) an enabled
+source's state is kept on the database connection between requests. The connection
+listens on :data:`~pikku_django.webhooks.sql.SOURCES_CHANNEL`, which a trigger
+notifies whenever a source's row or a credential value changes, and drops what it
+keeps when a notification arrives. A state taken from there is marked ``cached``:
+the view has it confirmed by the database before its answer stands, through the
+gate of the statement that stores the request's events, or by reading it afresh.
+Only enabled sources are kept, so a 404 is always answered from a fresh read.
+Every other database, and a connection inside a transaction, reads the state on
+every request.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connections
 
 from pikku_django.conf import pikku_settings
-from pikku_django.prepared import fetch
 from pikku_django.webhooks.credentials import configured_values, decrypt_cached
 from pikku_django.webhooks.sql import SOURCES_CHANNEL, Gate, fingerprint_of, read_source_state
 
@@ -53,13 +45,10 @@ class SourceState:
 
 @dataclass
 class _Kept:
-    """What one connection keeps: states by (source, credential); on SQLite, with the
-    ``(data_version, total_changes)`` they hold for."""
+    """What one PostgreSQL connection keeps: states by (source, credential)."""
 
     states: dict[tuple[str, str], SourceState] = field(default_factory=dict)
     generation: int = 0
-    exact: bool = False
-    token: tuple[int, int] | None = None
 
     def on_notify(self, notify: Any) -> None:
         if notify.channel == SOURCES_CHANNEL:
@@ -67,14 +56,8 @@ class _Kept:
             self.generation += 1
 
 
-def _kept_on(connection: Any) -> _Kept | None:
-    """What Django's ``connection`` keeps for its current driver connection."""
-    found = getattr(connection, "_pikku_kept", None)
-    return found[1] if found is not None and found[0] is connection.connection else None
-
-
-def _keep_on(connection: Any, kept: _Kept | None) -> None:
-    connection._pikku_kept = None if kept is None else (connection.connection, kept)
+#: Per psycopg connection; an entry goes when its connection does.
+_kept: weakref.WeakKeyDictionary[Any, _Kept] = weakref.WeakKeyDictionary()
 
 
 def source_state(
@@ -95,7 +78,7 @@ def source_state(
     if kept is not None:
         if enabled and kept.generation == generation:
             kept.states[(source, credential)] = SourceState(
-                enabled, secrets, state.gate, cached=not kept.exact
+                enabled, secrets, state.gate, cached=True
             )
         else:  # switched off (or changed again) since it was kept: keep nothing
             kept.states.pop((source, credential), None)
@@ -105,21 +88,15 @@ def source_state(
 def _kept_for(using: str) -> _Kept | None:
     """The states ``using``'s connection keeps, or None when it keeps none.
 
-    Only with the setting on, outside a transaction (a LISTEN inside one would only
-    count from its commit), on SQLite, or on PostgreSQL (psycopg 3) when the
-    connection outlives the request (``CONN_MAX_AGE`` or a pool). PostgreSQL takes in
-    the notifications already received first, and LISTENs on a connection's first
-    call; SQLite drops what it keeps when the database changed since.
+    A connection keeps states only on PostgreSQL (psycopg 3), with the setting on,
+    when it outlives the request (``CONN_MAX_AGE`` or a pool), and outside a
+    transaction: a LISTEN inside one would only count from its commit. Notifications
+    already received are taken in first; a connection's first call LISTENs.
     """
     if not pikku_settings.WEBHOOK_STATE_CACHE:
         return None
     connection = connections[using]
-    vendor = connection.vendor
-    if vendor == "sqlite":
-        if connection.in_atomic_block or not connection.get_autocommit():
-            return None
-        return _kept_on_sqlite(connection)
-    if vendor != "postgresql":
+    if connection.vendor != "postgresql":
         return None
     if connection.settings_dict.get("CONN_MAX_AGE") == 0 and not getattr(connection, "pool", None):
         return None  # a new connection every request: keeping would cost a LISTEN each
@@ -128,48 +105,21 @@ def _kept_for(using: str) -> _Kept | None:
     raw = connection.connection
     if not hasattr(raw, "add_notify_handler"):  # psycopg2
         return None
-    kept = _kept_on(connection)
+    kept = _kept.get(raw)
     if kept is not None:
         try:
             _take_notifications(raw)
         except Exception:  # the connection broke: read instead, and let that report it
             logger.debug("Reading notifications failed; the state is read", exc_info=True)
-            _keep_on(connection, None)
+            del _kept[raw]
             return None
         return kept
     kept = _Kept()
     with connection.wrap_database_errors:
         raw.execute(f"LISTEN {SOURCES_CHANNEL}")
     raw.add_notify_handler(kept.on_notify)
-    _keep_on(connection, kept)
+    _kept[raw] = kept
     return kept
-
-
-def _kept_on_sqlite(connection: Any) -> _Kept:
-    raw = connection.connection
-    kept = _kept_on(connection)
-    if kept is None:
-        kept = _Kept(exact=True)
-        _keep_on(connection, kept)
-    token = (fetch(connection.alias, "PRAGMA data_version", [])[0][0], raw.total_changes)
-    if token != kept.token:
-        kept.states.clear()
-        kept.generation += 1
-        kept.token = token
-    return kept
-
-
-@contextmanager
-def own_writes(using: str) -> Iterator[None]:
-    """Rows written inside are none of a source's state: on SQLite, what ``using``'s
-    connection keeps stays kept across them (when nothing else changed first)."""
-    connection = connections[using]
-    kept = _kept_on(connection) if connection.vendor == "sqlite" else None
-    raw = connection.connection
-    before = raw.total_changes if kept is not None else None
-    yield
-    if kept is not None and kept.token is not None and kept.token[1] == before:
-        kept.token = (kept.token[0], raw.total_changes)
 
 
 def _take_notifications(raw: Any) -> None:

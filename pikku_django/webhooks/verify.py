@@ -453,7 +453,7 @@ def hmac_matches(
     key: bytes, signed: SignedMessage, algorithm: str = "sha256", scheme: str | None = None
 ) -> bool:
     """Whether any signature (of ``scheme``, if given) is the HMAC of the signed bytes."""
-    expected = hmac.new(key, signed.message, algorithm).digest()
+    expected = hmac.digest(key, signed.message, algorithm)
     return any(
         hmac.compare_digest(expected, signature)
         for name, signature in signed.signatures

@@ -28,7 +28,7 @@ from pikku_django.webhooks.sources import (
     source_for_route,
 )
 from pikku_django.webhooks.sql import SourceChanged
-from pikku_django.webhooks.state import SourceState, own_writes, source_state
+from pikku_django.webhooks.state import SourceState, source_state
 from pikku_django.webhooks.verify import (
     MalformedSignatureError,
     VerifiedRequest,
@@ -193,8 +193,7 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
     index = 0
     while index < len(rows):
         try:
-            with own_writes(using):
-                outcome = store_new_event(rows[index], gate=state.gate if gated else None)
+            outcome = store_new_event(rows[index], gate=state.gate if gated else None)
         except SourceChanged:
             rechecks += 1
             state = fresh()
