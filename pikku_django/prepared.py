@@ -84,11 +84,15 @@ def _qmark(sql: str) -> str:
     return re.sub(r"(?<!%)%s", "?", sql).replace("%%", "%")
 
 
-def write_together(using: str, statements: Sequence[tuple[str, list[Any]]]) -> None:
-    """Run ``statements`` (SQL and parameters) in one transaction: all or none.
+def write_together(
+    using: str, statements: Sequence[tuple[str, list[Any], Exception | None]]
+) -> None:
+    """Run ``statements`` in one transaction: all or none.
 
-    Inside the caller's transaction, a savepoint. On SQLite in autocommit, one
-    ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the driver's connection.
+    Each is SQL, its parameters, and an exception to raise (after rolling back) when
+    it changes no row, or None. Inside the caller's transaction, a savepoint. On
+    SQLite in autocommit, one ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the driver's
+    connection.
     """
     connection = connections[using]
     if (
@@ -97,8 +101,9 @@ def write_together(using: str, statements: Sequence[tuple[str, list[Any]]]) -> N
         or not connection.get_autocommit()
     ):
         with transaction.atomic(using=using):
-            for sql, params in statements:
-                fetch_nothing(using, sql, params)
+            for sql, params, refused in statements:
+                if not fetch_nothing(using, sql, params) and refused is not None:
+                    raise refused
         return
     with connection.wrap_database_errors:
         connection.ensure_connection()
@@ -107,8 +112,10 @@ def write_together(using: str, statements: Sequence[tuple[str, list[Any]]]) -> N
         try:
             _logged(connection, cursor, "BEGIN IMMEDIATE", None, "BEGIN IMMEDIATE")
             try:
-                for sql, params in statements:
+                for sql, params, refused in statements:
                     _logged(connection, cursor, sql, params, _qmark(sql))
+                    if refused is not None and not cursor.rowcount:
+                        raise refused
                 _logged(connection, cursor, "COMMIT", None, "COMMIT")
             except BaseException:
                 if raw.in_transaction:
@@ -118,8 +125,9 @@ def write_together(using: str, statements: Sequence[tuple[str, list[Any]]]) -> N
             cursor.close()
 
 
-def fetch_nothing(using: str, sql: str, params: list[Any]) -> None:
-    """Run a statement that returns no rows, as :func:`fetch` runs one."""
+def fetch_nothing(using: str, sql: str, params: list[Any]) -> int:
+    """Run a statement that returns no rows, as :func:`fetch` runs one: the number of
+    rows it changed."""
     connection = connections[using]
     if connection.vendor == "sqlite":
         with connection.wrap_database_errors:
@@ -128,11 +136,12 @@ def fetch_nothing(using: str, sql: str, params: list[Any]) -> None:
             cursor = connection.connection.cursor()
             try:
                 _logged(connection, cursor, sql, params, _qmark(sql))
+                return int(cursor.rowcount)
             finally:
                 cursor.close()
-        return
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+        return int(cursor.rowcount)
 
 
 def fetch_one(using: str, sql: str, params: list[Any]) -> Any:

@@ -365,22 +365,41 @@ def _context(body: bytes) -> ReceiveContext:
     return ReceiveContext(source=webhook_defs.github, body=body, verified=True, delivery_id="b-1")
 
 
-def test_a_body_event_keeps_the_body_text_and_its_parsed_data() -> None:
+def test_a_body_event_keeps_the_body_text_and_parses_it_when_read() -> None:
     body = b'{"ref":  "main", "n": [1, 2.5e0, null, "\\u00fc"]}'
     event = _context(body).body_event("push", id="b-1")
     assert (event.name, event.id) == ("push", "b-1")
-    assert event.data == {"ref": "main", "n": [1, 2.5, None, "ü"]}
-    assert event == WebhookEvent("push", id="b-1", data=event.data)  # the text is not compared
+    assert "unread" in repr(event)
     (row,) = new_events(webhook_defs.github, [event], delivery_id="b-1", body=body)
     assert row.data_json == body.decode()  # stored as it came, not encoded again
+    assert row.data_checked is False  # so the database checks it is JSON
+    assert event.data == {"ref": "main", "n": [1, 2.5, None, "ü"]}
+    assert event == WebhookEvent("push", id="b-1", data=event.data)
+    (row,) = new_events(webhook_defs.github, [event], delivery_id="b-1", body=body)
+    assert (row.data_json, row.data_checked) == (body.decode(), True)  # parsed since
 
 
-@pytest.mark.parametrize(
-    "body", [b'{"ref": NaN}', b"[Infinity]", b"-Infinity", b"{'ref': 1}", b"", b"\xff{}"]
-)
-def test_a_body_event_refuses_what_is_not_strict_json(body: bytes) -> None:
-    with pytest.raises(ValueError, match=r"is not JSON|Expecting|can't decode"):
-        _context(body).body_event("push")
+NOT_JSON = [
+    b'{"ref": NaN}',
+    b"[Infinity]",
+    b"-Infinity",
+    b"{'ref': 1}",
+    b"",
+    b'{"ref": 1} {"ref": 2}',
+    b'{}, "source": "forged", "x": {}',  # would make the run's input say another source
+]
+
+
+@pytest.mark.parametrize("body", NOT_JSON)
+def test_a_body_event_that_is_not_json_raises_when_its_data_is_read(body: bytes) -> None:
+    event = _context(body).body_event("push")
+    with pytest.raises(ValueError, match=r"is not JSON|Expecting|Extra data"):
+        _ = event.data
+
+
+def test_a_body_that_is_not_utf8_is_refused_at_once() -> None:
+    with pytest.raises(UnicodeDecodeError):
+        _context(b"\xff{}").body_event("push")
 
 
 @on_databases(*VENDORS)
@@ -392,6 +411,26 @@ def test_a_body_event_is_stored_as_its_data(vendor: str, settings: Any) -> None:
     assert store_new_event(row) == "stored"
     assert store_new_event(row) == "redelivery"
     assert WorkflowRun.objects.using(alias).get().input["data"] == DATA
+    handled = NewEvent(
+        **{**row.__dict__, "provider_id": "b-3", "handler": "h", "idempotency_key": "k3"}
+    )
+    assert store_new_event(handled) == "stored"
+    run = WorkflowRun.objects.using(alias).get(idempotency_key="k3")
+    assert run.input["event"]["data"] == DATA
+
+
+@on_databases(*VENDORS)
+@pytest.mark.parametrize("body", NOT_JSON)
+def test_the_database_refuses_a_body_event_that_is_not_json(
+    vendor: str, settings: Any, body: bytes
+) -> None:
+    alias = workflow_database(vendor, settings)
+    event = _context(body).body_event("push", id="bad")
+    (row,) = new_events(webhook_defs.github, [event], delivery_id="bad", body=body)
+    assert store_new_event(row) == "refused"
+    assert not WebhookReceipt.objects.using(alias).exists()
+    assert not WorkflowRun.objects.using(alias).exists()
+    assert store_event(alias, new_event("after"), wake_at=timezone.now(), notify=True)
 
 
 @on_databases("postgres")

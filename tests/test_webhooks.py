@@ -210,3 +210,59 @@ def test_no_header_and_body_gives_a_500_or_dispatches_unsigned(
     assert response.status_code < 500
     if body:
         assert not WebhookReceipt.objects.exists()
+
+
+# -- events whose data is the body (ctx.body_event) ----------------------------------------
+
+
+@pytest.fixture
+def body_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """wh-github's receive makes its event with ctx.body_event."""
+
+    def receive(request: Any, ctx: Any) -> Any:
+        return [ctx.body_event(request.headers.get("X-GitHub-Event", ""), id=ctx.delivery_id)]
+
+    monkeypatch.setattr(webhook_defs.github, "receive", receive)
+
+
+@pytest.mark.parametrize("event", ["issues", "push"])  # push has a schema, issues none
+def test_a_body_event_is_stored_as_it_came(
+    client: Client, enabled: None, body_events: None, event: str
+) -> None:
+    body = b'{"ref": "main",  "number": 7}'
+    assert post(client, body, event=event, delivery="be-1").json() == {"received": 1}
+    run = WebhookReceipt.objects.get().run
+    data = run.input["event"]["data"] if "handler" in run.input else run.input["data"]
+    assert data == {"ref": "main", "number": 7}
+
+
+@pytest.mark.parametrize("event", ["issues", "push"])
+@pytest.mark.parametrize("body", [b'{"ref": NaN}', b"{not json", b'{"ref": 1}, "source": "x"'])
+def test_a_body_event_that_is_not_json_is_400_and_stores_nothing(
+    client: Client, enabled: None, body_events: None, event: str, body: bytes
+) -> None:
+    response = post(client, body, event=event, delivery="be-2")
+    assert response.status_code == 400, response.content
+    assert not WebhookReceipt.objects.exists()
+    assert not WorkflowRun.objects.exists()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=st.one_of(st.binary(min_size=1, max_size=120), st.text(min_size=1).map(str.encode)))
+def test_a_signed_body_event_is_stored_only_as_json(
+    enabled: None, body_events: None, body: bytes
+) -> None:
+    """Whatever the signed body, the answer is never a 500, and what is stored is JSON."""
+    WebhookReceipt.objects.all().delete()
+    WorkflowRun.objects.all().delete()
+    client = Client(raise_request_exception=False)
+    response = post(client, body, event="issues", delivery="be-h")
+    assert response.status_code in (200, 400), response.content
+    try:
+        expected = json.loads(body.decode("utf-8"))
+    except ValueError:
+        assert response.status_code == 400
+        assert not WorkflowRun.objects.exists()
+    else:
+        if response.status_code == 200:
+            assert WorkflowRun.objects.get().input["event"]["data"] == expected

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from django.db import DataError
 
 from pikku_django.conf import pikku_settings
-from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, handler_for
+from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, event_json, handler_for
 from pikku_django.webhooks.sql import Gate, NewEvent, store_event
 from pikku_django.workflows.registry import get_step, step, workflow
 
@@ -60,11 +60,12 @@ def new_events(
         if handler is None:
             continue
         provider_id = provider_id_for(event, delivery_id, body)
+        text = event_json(event)
         try:
-            if event._json is not None:
-                data_json = event._json
+            if text is not None:
+                data_json, checked = text
             else:
-                data_json = None if event.data is None else _encode(event.data)
+                data_json, checked = None if event.data is None else _encode(event.data), True
         except (TypeError, ValueError):
             logger.warning(
                 "Webhook %s:%s %s: its data is not JSON; dropped",
@@ -82,6 +83,7 @@ def new_events(
                 workflow=handler.workflow if handler.workflow is not None else DISPATCH_WORKFLOW,
                 idempotency_key=f"webhook:{source.name}:{event.name}:{provider_id}"[:255],
                 handler=handler.step if handler.workflow is None else None,
+                data_checked=checked,
             )
         )
     return rows

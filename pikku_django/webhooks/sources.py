@@ -5,6 +5,7 @@ Declare them in an installed app's ``webhooks.py``; pikku_django imports it at s
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -23,15 +24,59 @@ _sources: dict[str, WebhookSource] = {}
 _handlers: dict[str, Handler] = {}
 
 
-@dataclass(frozen=True)
-class WebhookEvent:
-    """One event a source's ``receive`` found in a request."""
+_UNREAD = object()
 
-    name: str
-    id: str | None = None
-    data: Any = None
-    #: ``data`` as the JSON text it was parsed from (:meth:`ReceiveContext.body_event`).
-    _json: str | None = field(default=None, repr=False, compare=False)
+
+class WebhookEvent:
+    """One event a source's ``receive`` found in a request: ``name``, the provider's
+    ``id`` and ``data``.
+
+    An event made by :meth:`ReceiveContext.body_event` holds the body's JSON text and
+    parses it only when ``data`` is read (``ValueError`` if it is not JSON); the text
+    is stored as it came, and the database checks that it is JSON.
+    """
+
+    __slots__ = ("_data", "_json", "id", "name")
+
+    def __init__(self, name: str, id: str | None = None, data: Any = None) -> None:
+        self.name = name
+        self.id = id
+        self._data = data
+        #: The JSON text of ``data``, when it came from the request unparsed.
+        self._json: str | None = None
+
+    @classmethod
+    def from_json(cls, name: str, text: str, id: str | None = None) -> WebhookEvent:
+        """An event whose data is the JSON ``text``, parsed when first read."""
+        event = cls(name, id=id, data=_UNREAD)
+        event._json = text
+        return event
+
+    @property
+    def data(self) -> Any:
+        if self._data is _UNREAD:
+            self._data = json.loads(self._json or "", parse_constant=_no_constant)
+        return self._data
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WebhookEvent):
+            return NotImplemented
+        return (self.name, self.id, self.data) == (other.name, other.id, other.data)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.id, self.data))
+
+    def __repr__(self) -> str:
+        data = "<unread JSON>" if self._data is _UNREAD else repr(self._data)
+        return f"WebhookEvent(name={self.name!r}, id={self.id!r}, data={data})"
+
+
+def event_json(event: WebhookEvent) -> tuple[str, bool] | None:
+    """The JSON text an event's data came as, and whether it was parsed since (so is
+    known to be JSON); None for an event made with a value."""
+    if event._json is None:
+        return None
+    return event._json, event._data is not _UNREAD
 
 
 def _no_constant(name: str) -> Any:
@@ -62,14 +107,9 @@ class ReceiveContext:
         return json.loads(self.body.decode("utf-8"))
 
     def body_event(self, name: str, id: str | None = None) -> WebhookEvent:
-        """One event whose data is the whole JSON body (ValueError when it is not
-        JSON), stored as it came rather than encoded again."""
-        import json
-
-        text = self.body.decode("utf-8")
-        return WebhookEvent(
-            name, id=id, data=json.loads(text, parse_constant=_no_constant), _json=text
-        )
+        """One event whose data is the whole JSON body, stored as it came rather than
+        parsed and encoded again (a body that is not JSON is answered 400)."""
+        return WebhookEvent.from_json(name, self.body.decode("utf-8"), id=id)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import DataError, IntegrityError, connections, transaction
 from django.db.models import Model
 from django.utils import timezone
 
@@ -117,7 +117,9 @@ class NewEvent:
 
     The run's input is ``{"source", "event", "id", "data"}``, or
     ``{"handler": handler, "event": {...}}`` when ``handler`` (a step name) is set.
-    ``data_json`` is the event's data as JSON text, None for no data (SQL NULL).
+    ``data_json`` is the event's data as JSON text, None for no data (JSON null);
+    ``data_checked`` False says it is the request's text, which the database checks
+    is one JSON value before storing anything.
     """
 
     source: str
@@ -127,17 +129,23 @@ class NewEvent:
     workflow: str
     idempotency_key: str
     handler: str | None = None
+    data_checked: bool = True
 
-    def input_json(self) -> str:
-        """The run's input as JSON text, the same as ``json.dumps`` of it."""
+    def input_json(self, *, data: bool = True) -> str:
+        """The run's input as JSON text, the same as ``json.dumps`` of it (with
+        ``data`` False, with null for the data)."""
+        value = "null" if self.data_json is None or not data else self.data_json
         event = (
             f'{{"source": {json.dumps(self.source)}, "event": {json.dumps(self.event)}, '
-            f'"id": {json.dumps(self.provider_id)}, '
-            f'"data": {"null" if self.data_json is None else self.data_json}}}'
+            f'"id": {json.dumps(self.provider_id)}, "data": {value}}}'
         )
         if self.handler is None:
             return event
         return f'{{"handler": {json.dumps(self.handler)}, "event": {event}}}'
+
+    def data_path(self) -> list[str]:
+        """Where the data sits in the run's input."""
+        return ["data"] if self.handler is None else ["event", "data"]
 
 
 @dataclass(frozen=True)
@@ -149,8 +157,8 @@ class _Statements:
     receipt: str = ""
 
 
-#: Built statements by (vendor, notify, gate): a handful, made on first use.
-_built: dict[tuple[str, bool, bool], _Statements] = {}
+#: Built statements by (vendor, notify, gate, checked): a handful, made on first use.
+_built: dict[tuple[str, bool, bool, bool], _Statements] = {}
 
 
 def _columns(model: type[Model], names: tuple[str, ...], quote: Callable[[str], str]) -> str:
@@ -158,13 +166,15 @@ def _columns(model: type[Model], names: tuple[str, ...], quote: Callable[[str], 
     return ", ".join(quote(fields[name].column) for name in names)
 
 
-def _postgresql(quote: Callable[[str], str], notify: bool, gate: bool) -> _Statements:
+def _postgresql(
+    quote: Callable[[str], str], notify: bool, gate: bool, checked: bool
+) -> _Statements:
     run_id = quote(WebhookReceipt._meta.get_field("run").column)
     receipt_values = "%s::text, %s::text, %s::text, %s::uuid, %s::timestamptz"
     if gate:
         source = TriggerSource._meta
         value = CredentialValue._meta
-        checked = (
+        head = (
             f"WITH gate AS (SELECT 1 FROM {quote(source.db_table)} "
             f"WHERE {quote(source.get_field('name').column)} = %s "
             f"AND {quote(source.get_field('enabled').column)} "
@@ -176,13 +186,15 @@ def _postgresql(quote: Callable[[str], str], notify: bool, gate: bool) -> _State
         receipt_rows = f"SELECT {receipt_values} FROM gate"
         opened = "(SELECT count(*) FROM gate)"
     else:
-        checked = "WITH "
+        head = "WITH "
         receipt_rows = f"VALUES ({receipt_values})"
         opened = "1"
     woken = f"(SELECT pg_notify('{CHANNEL}', '') FROM run)" if notify else "NULL"
+    # Unchecked data is parsed by jsonb on its own, then set into the input.
+    run_input = "%s::jsonb" if checked else "jsonb_set(%s::jsonb, %s::text[], %s::jsonb)"
     return _Statements(
         single=(
-            f"{checked}receipt AS ("
+            f"{head}receipt AS ("
             f"INSERT INTO {quote(WebhookReceipt._meta.db_table)} "
             f"({_columns(WebhookReceipt, RECEIPT_FIELDS, quote)}) {receipt_rows} "
             f"ON CONFLICT ({_columns(WebhookReceipt, RECEIPT_KEY, quote)}) DO NOTHING "
@@ -190,36 +202,47 @@ def _postgresql(quote: Callable[[str], str], notify: bool, gate: bool) -> _State
             f"run AS ("
             f"INSERT INTO {quote(WorkflowRun._meta.db_table)} "
             f"({_columns(WorkflowRun, RUN_FIELDS, quote)}) "
-            f"SELECT {run_id}, %s, %s, %s::jsonb, NULL, NULL, '', false, %s, %s, 0, %s, %s "
+            f"SELECT {run_id}, %s, %s, {run_input}, NULL, NULL, '', false, %s, %s, 0, %s, %s "
             f"FROM receipt RETURNING {quote(WorkflowRun._meta.pk.column)}) "
             f"SELECT {opened}, (SELECT count(*) FROM run), {woken}"
         )
     )
 
 
-def _portable(quote: Callable[[str], str]) -> _Statements:
-    def insert(model: type[Model], names: tuple[str, ...]) -> str:
-        values = ", ".join(["%s"] * len(names))
-        return (
-            f"INSERT INTO {quote(model._meta.db_table)} "
-            f"({_columns(model, names, quote)}) VALUES ({values})"
-        )
+def _portable(quote: Callable[[str], str], vendor: str, checked: bool) -> _Statements:
+    def columns(model: type[Model], names: tuple[str, ...]) -> str:
+        return f"INSERT INTO {quote(model._meta.db_table)} ({_columns(model, names, quote)}) "
 
+    values = ", ".join(["%s"] * len(RUN_FIELDS))
+    if checked:
+        run = f"{columns(WorkflowRun, RUN_FIELDS)}VALUES ({values})"
+    else:  # stored only if the data is one JSON value (nothing else can hide in the input)
+        dual = " FROM DUAL" if vendor == "mysql" else ""
+        run = f"{columns(WorkflowRun, RUN_FIELDS)}SELECT {values}{dual} WHERE JSON_VALID(%s)"
+    receipt = ", ".join(["%s"] * len(RECEIPT_FIELDS))
     return _Statements(
-        run=insert(WorkflowRun, RUN_FIELDS), receipt=insert(WebhookReceipt, RECEIPT_FIELDS)
+        run=run, receipt=f"{columns(WebhookReceipt, RECEIPT_FIELDS)}VALUES ({receipt})"
     )
 
 
-def statements_for(using: str, *, notify: bool, gate: bool = False) -> _Statements:
+def statements_for(
+    using: str, *, notify: bool, gate: bool = False, checked: bool = True
+) -> _Statements:
     """The statements for ``using``'s vendor, built once per vendor and shape
-    (``gate`` only on PostgreSQL)."""
+    (``gate`` only on PostgreSQL; ``checked`` False when the data is still to be
+    checked as JSON)."""
     connection = connections[using]
-    postgresql = connection.vendor == "postgresql"
-    key = (connection.vendor, notify, gate and postgresql)
+    vendor = connection.vendor
+    postgresql = vendor == "postgresql"
+    key = (vendor, notify, gate and postgresql, checked)
     found = _built.get(key)
     if found is None:
         quote = connection.ops.quote_name
-        found = _built[key] = _postgresql(quote, notify, gate) if postgresql else _portable(quote)
+        found = _built[key] = (
+            _postgresql(quote, notify, gate, checked)
+            if postgresql
+            else _portable(quote, vendor, checked)
+        )
     return found
 
 
@@ -231,11 +254,13 @@ def store_event(
     False, with nothing stored, when the receipt (or the run's idempotency key)
     already exists. ``notify`` wakes idle workers when the run is committed. With
     ``gate`` (PostgreSQL), :class:`SourceChanged` when the source no longer matches
-    it, with nothing stored.
+    it, and ``DataError`` when the data is not JSON the database takes; either way
+    nothing is stored.
     """
     connection = connections[using]
     gated = gate is not None and connection.vendor == "postgresql"
-    statements = statements_for(using, notify=notify, gate=gated)
+    checked = new.data_checked or new.data_json is None
+    statements = statements_for(using, notify=notify, gate=gated, checked=checked)
     adapt = connection.ops.adapt_datetimefield_value
     now = adapt(timezone.now())
     due = adapt(wake_at)
@@ -248,15 +273,26 @@ def store_event(
                 assert gate is not None
                 params += [gate.source, gate.credential, gate.fingerprint]
             params += [new.source, new.event, new.provider_id, run_id, now]
-            params += [new.workflow, status, new.input_json(), new.idempotency_key, due, now, now]
+            params += [new.workflow, status]
+            if checked:
+                params.append(new.input_json())
+            else:
+                params += [new.input_json(data=False), new.data_path(), new.data_json]
+            params += [new.idempotency_key, due, now, now]
             opened, started, _ = _run_single(using, statements.single, params)
             if not opened:
                 raise SourceChanged(new.source)
             return bool(started)
         run = [run_id, new.workflow, status, new.input_json(), None, None, "", False]
         run += [new.idempotency_key, due, 0, now, now]
+        not_json = None
+        if not checked:
+            run.append(new.data_json)
+            not_json = DataError(f"the data of {new.source}:{new.event} is not JSON")
         receipt = [new.source, new.event, new.provider_id, run_id, now]
-        write_together(using, [(statements.run, run), (statements.receipt, receipt)])
+        write_together(
+            using, [(statements.run, run, not_json), (statements.receipt, receipt, None)]
+        )
     except IntegrityError as exc:
         logger.debug("Webhook %s:%s %s not stored: %s", new.source, new.event, new.provider_id, exc)
         return False

@@ -79,9 +79,11 @@ def _as_received(value: Any) -> Received:
     )
 
 
-def _valid_events(source: WebhookSource, events: Any) -> list[WebhookEvent]:
-    """Events the source declares whose data passes the event's schema."""
+def _valid_events(source: WebhookSource, events: Any) -> tuple[list[WebhookEvent], bool]:
+    """Events the source declares whose data passes the event's schema, and whether
+    one had data that is not JSON."""
     kept = []
+    unreadable = False
     for event in events:
         if event.name not in source.events:
             logger.info("Webhook %s: dropping undeclared event %r", source.name, event.name[:100])
@@ -89,14 +91,20 @@ def _valid_events(source: WebhookSource, events: Any) -> list[WebhookEvent]:
         schema = source.events[event.name]
         if schema is not None:
             try:
-                ok = schema(event.data)
+                data = event.data  # the body's text is parsed here, if a schema needs it
+            except ValueError as exc:
+                logger.info("Webhook %s:%s: its data is not JSON: %s", source.name, event.name, exc)
+                unreadable = True
+                continue
+            try:
+                ok = schema(data)
             except (ValueError, TypeError, KeyError) as exc:
                 ok = False
                 logger.info("Webhook %s:%s failed its schema: %s", source.name, event.name, exc)
             if not ok:
                 continue
         kept.append(event)
-    return kept
+    return kept, unreadable
 
 
 def _verify(
@@ -180,13 +188,8 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
     if received.events and not verified:
         return _error(401, "events need a signed body")  # bodyless: the state is fresh
 
-    rows = (
-        new_events(
-            source, _valid_events(source, received.events), delivery_id=delivery_id, body=body
-        )
-        if received.events
-        else []
-    )
+    valid, unreadable = _valid_events(source, received.events)
+    rows = new_events(source, valid, delivery_id=delivery_id, body=body) if valid else []
     confirmed = not state.cached
     accepted = 0
     rechecks = 0
@@ -203,17 +206,22 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
             if rechecks > MAX_RECHECKS:
                 return _error(503, "the source kept changing; send the request again")
             if source.verify is not None:  # its secrets changed: verify again
-                outcome = _verify(source, request, body, state)
-                if isinstance(outcome, HttpResponse):
-                    return outcome
+                again = _verify(source, request, body, state)
+                if isinstance(again, HttpResponse):
+                    return again
             continue
         accepted += outcome == "stored"
-        confirmed = confirmed or outcome != "refused"  # a refused statement checked nothing
+        if outcome == "refused":  # a refused statement checked nothing
+            unreadable = unreadable or not rows[index].data_checked
+        else:
+            confirmed = True
         index += 1
     if not confirmed:  # nothing was stored, so no gate confirmed the kept state
         state = fresh()
         if not state.enabled:
             return _not_found()
+    if unreadable:
+        return _error(400, "the body could not be read")
     if received.response is not None:
         return received.response
     return _received(accepted)
