@@ -8,8 +8,9 @@ is a new event. The two sides, per database:
 * ``pikku``: ``/pikku/webhooks/bench-github/``, pikku_django's view
   (``pikku_django.urls``) for the source in ``benchmarks/webhook_bench/webhooks.py``:
   the source is looked up and must be enabled, the secret comes from its stored
-  (encrypted) credential, the signature is verified, ``receive`` parses the JSON body
-  (``ctx.body_event``), and the event is stored as a ``WebhookReceipt`` with a
+  (encrypted) credential, the signature is verified, ``receive`` takes the JSON body as
+  the event's data (``ctx.body_event``: not parsed in Python; the statement that stores
+  it checks it is JSON), and the event is stored as a ``WebhookReceipt`` with a
   ``WorkflowRun`` started for it (``start_workflow_on``), both or neither. On
   PostgreSQL the connection keeps the source's switch and secrets between requests
   (it LISTENs for changes), and the event is one statement that also checks them
