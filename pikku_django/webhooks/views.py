@@ -196,7 +196,7 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
     index = 0
     while index < len(rows):
         try:
-            outcome = store_new_event(rows[index], gate=state.gate if gated else None)
+            stored = store_new_event(rows[index], gate=state.gate if gated else None)
         except SourceChanged:
             rechecks += 1
             state = fresh()
@@ -210,8 +210,8 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
                 if isinstance(again, HttpResponse):
                     return again
             continue
-        accepted += outcome == "stored"
-        if outcome == "refused":  # a refused statement checked nothing
+        accepted += stored == "stored"
+        if stored == "refused":  # a refused statement checked nothing
             unreadable = unreadable or not rows[index].data_checked
         else:
             confirmed = True
