@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django.db import models
 from django.utils.translation import gettext_lazy as _
-
-from pikku_django.ids import time_ordered_uuid
 
 
 class RunStatus(models.TextChoices):
@@ -44,8 +44,7 @@ class Backoff(models.TextChoices):
 class WorkflowRun(models.Model):
     """One execution of a workflow function, from start to a terminal status."""
 
-    # Time-ordered, so new runs' keys sit together in the primary key's index.
-    id = models.UUIDField(primary_key=True, default=time_ordered_uuid, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workflow = models.CharField(_("workflow"), max_length=200)
     status = models.CharField(
         _("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING

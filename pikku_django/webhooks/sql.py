@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,7 +24,6 @@ from django.db import DataError, IntegrityError, connections, transaction
 from django.db.models import Model
 from django.utils import timezone
 
-from pikku_django.ids import time_ordered_uuid
 from pikku_django.models import (
     CredentialValue,
     RunStatus,
@@ -264,7 +264,7 @@ def store_event(
     adapt = connection.ops.adapt_datetimefield_value
     now = adapt(timezone.now())
     due = adapt(wake_at)
-    run_id = WorkflowRun._meta.pk.get_db_prep_value(time_ordered_uuid(), connection)
+    run_id = WorkflowRun._meta.pk.get_db_prep_value(uuid.uuid4(), connection)
     status = RunStatus.RUNNING.value
     try:
         if statements.single:
