@@ -448,3 +448,19 @@ def test_data_the_database_refuses_is_dropped_not_raised(vendor: str, settings: 
     )
     assert store_new_event(encoded[0]) == "refused"
     assert store_event(alias, new_event("after"), wake_at=timezone.now(), notify=True)
+
+
+@on_databases("postgres")
+def test_a_body_event_is_checked_without_prepared_statements(vendor: str, settings: Any) -> None:
+    """Behind a pooler (PREPARED_STATEMENTS off) the store binds client-side, same checks."""
+    alias = workflow_database(vendor, settings, PREPARED_STATEMENTS=False)
+    body = b'{ "ref" : "main", "n": [1, 2.5, null, "\\u00fc"] }'
+    (row,) = new_events(
+        webhook_defs.github, [_context(body).body_event("push", id="u")], delivery_id="u", body=body
+    )
+    assert store_new_event(row) == "stored"
+    assert WorkflowRun.objects.using(alias).get().input["data"] == DATA
+    forged = _context(b'{}, "source": "forged", "x": {}').body_event("push", id="v")
+    (row,) = new_events(webhook_defs.github, [forged], delivery_id="v", body=b"")
+    assert store_new_event(row) == "refused"
+    assert WorkflowRun.objects.using(alias).count() == 1
