@@ -11,10 +11,11 @@ query log see every statement, and driver errors become Django's.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.db import connections, transaction
@@ -27,15 +28,8 @@ def fetch(using: str, sql: str, params: list[Any]) -> list[Any]:
     connection = connections[using]
     vendor = connection.vendor
     if vendor == "sqlite":
-        with connection.wrap_database_errors:
-            connection.ensure_connection()
-            connection.validate_no_broken_transaction()
-            cursor = connection.connection.cursor()
-            try:
-                _logged(connection, cursor, sql, params, _qmark(sql))
-                return cursor.fetchall()
-            finally:
-                cursor.close()
+        with _run_on_sqlite(connection, sql, params) as cursor:
+            return cursor.fetchall()
     if vendor != "postgresql" or not pikku_settings.PREPARED_STATEMENTS:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -76,6 +70,20 @@ def _logged(
     execute(sql, params, False, {"connection": connection, "cursor": cursor})
     if connection.queries_logged:
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+
+
+@contextlib.contextmanager
+def _run_on_sqlite(connection: Any, sql: str, params: Any) -> Iterator[Any]:
+    """The driver's cursor, having run ``sql`` in the connection's transaction (if any)."""
+    with connection.wrap_database_errors:
+        connection.ensure_connection()
+        connection.validate_no_broken_transaction()
+        cursor = connection.connection.cursor()
+        try:
+            _logged(connection, cursor, sql, params, _qmark(sql))
+            yield cursor
+        finally:
+            cursor.close()
 
 
 @functools.lru_cache(maxsize=64)
@@ -130,15 +138,8 @@ def fetch_nothing(using: str, sql: str, params: list[Any]) -> int:
     rows it changed."""
     connection = connections[using]
     if connection.vendor == "sqlite":
-        with connection.wrap_database_errors:
-            connection.ensure_connection()
-            connection.validate_no_broken_transaction()
-            cursor = connection.connection.cursor()
-            try:
-                _logged(connection, cursor, sql, params, _qmark(sql))
-                return int(cursor.rowcount)
-            finally:
-                cursor.close()
+        with _run_on_sqlite(connection, sql, params) as cursor:
+            return int(cursor.rowcount)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)

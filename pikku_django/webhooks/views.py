@@ -146,18 +146,19 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
     def fresh() -> SourceState:
         return source_state(source.name, source.credential, using, fresh=True)
 
+    def if_still_on(answer: HttpResponse) -> HttpResponse:
+        """``answer``, once a kept state is read afresh (404 if the source is now off)."""
+        return answer if not state.cached or fresh().enabled else _not_found()
+
     if not state.enabled:  # never a kept state: only enabled ones are kept
         return _not_found()
     if request.method not in ("POST", "PUT", "GET", "HEAD"):
-        state = fresh() if state.cached else state
-        return _error(405, "method not allowed") if state.enabled else _not_found()
+        return if_still_on(_error(405, "method not allowed"))
     if request.method == "HEAD":
-        state = fresh() if state.cached else state
-        return HttpResponse(status=200) if state.enabled else _not_found()
+        return if_still_on(HttpResponse(status=200))
     body = _read_body(request, int(pikku_settings.WEBHOOK_MAX_BODY))
     if body is None:
-        state = fresh() if state.cached else state
-        return _error(413, "request body too large") if state.enabled else _not_found()
+        return if_still_on(_error(413, "request body too large"))
 
     delivery_id = None
     verified = False
@@ -183,8 +184,7 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
         received = _as_received(source.receive(request, ctx))
     except (ValueError, KeyError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         logger.info("Webhook %s: receive refused the body: %s", source.name, exc)
-        state = fresh() if state.cached else state
-        return _error(400, "the body could not be read") if state.enabled else _not_found()
+        return if_still_on(_error(400, "the body could not be read"))
     if received.events and not verified:
         return _error(401, "events need a signed body")  # bodyless: the state is fresh
 
