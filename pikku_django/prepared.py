@@ -11,11 +11,10 @@ query log see every statement, and driver errors become Django's.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections, transaction
@@ -23,13 +22,22 @@ from django.db import connections, transaction
 
 def fetch(using: str, sql: str, params: list[Any]) -> list[Any]:
     """Run ``sql`` on Django's connection ``using`` (in its transaction, if any): its rows."""
+    return fetch_on(connections[using], sql, params)
+
+
+def fetch_on(connection: Any, sql: str, params: list[Any]) -> list[Any]:
+    """:func:`fetch` on a connection object (``connections[using]``)."""
     from pikku_django.conf import pikku_settings
 
-    connection = connections[using]
     vendor = connection.vendor
     if vendor == "sqlite":
-        with _run_on_sqlite(connection, sql, params) as cursor:
-            return cursor.fetchall()
+        with connection.wrap_database_errors:
+            cursor = _sqlite_cursor(connection)
+            try:
+                _logged(connection, cursor, sql, params, _qmark(sql))
+                return cursor.fetchall()
+            finally:
+                cursor.close()
     if vendor != "postgresql" or not pikku_settings.PREPARED_STATEMENTS:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -72,18 +80,12 @@ def _logged(
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
 
 
-@contextlib.contextmanager
-def _run_on_sqlite(connection: Any, sql: str, params: Any) -> Iterator[Any]:
-    """The driver's cursor, having run ``sql`` in the connection's transaction (if any)."""
-    with connection.wrap_database_errors:
-        connection.ensure_connection()
-        connection.validate_no_broken_transaction()
-        cursor = connection.connection.cursor()
-        try:
-            _logged(connection, cursor, sql, params, _qmark(sql))
-            yield cursor
-        finally:
-            cursor.close()
+def _sqlite_cursor(connection: Any) -> Any:
+    """A cursor of the driver's connection, as Django's own cursor() would check it
+    (connected, not in a broken transaction); call inside ``wrap_database_errors``."""
+    connection.ensure_connection()
+    connection.validate_no_broken_transaction()
+    return connection.connection.cursor()
 
 
 @functools.lru_cache(maxsize=64)
@@ -114,17 +116,27 @@ def write_together(
                     raise refused
         return
     with connection.wrap_database_errors:
-        connection.ensure_connection()
+        cursor = _sqlite_cursor(connection)
         raw = connection.connection
-        cursor = raw.cursor()
+        # Nothing watches the statements (no execute wrapper, no query log): run them as they are.
+        plain = not connection.execute_wrappers and not connection.queries_logged
         try:
-            _logged(connection, cursor, "BEGIN IMMEDIATE", None, "BEGIN IMMEDIATE")
+            if plain:
+                cursor.execute("BEGIN IMMEDIATE")
+            else:
+                _logged(connection, cursor, "BEGIN IMMEDIATE", None, "BEGIN IMMEDIATE")
             try:
                 for sql, params, refused in statements:
-                    _logged(connection, cursor, sql, params, _qmark(sql))
+                    if plain:
+                        cursor.execute(_qmark(sql), params)
+                    else:
+                        _logged(connection, cursor, sql, params, _qmark(sql))
                     if refused is not None and not cursor.rowcount:
                         raise refused
-                _logged(connection, cursor, "COMMIT", None, "COMMIT")
+                if plain:
+                    cursor.execute("COMMIT")
+                else:
+                    _logged(connection, cursor, "COMMIT", None, "COMMIT")
             except BaseException:
                 if raw.in_transaction:
                     raw.rollback()
@@ -138,8 +150,13 @@ def fetch_nothing(using: str, sql: str, params: list[Any]) -> int:
     rows it changed."""
     connection = connections[using]
     if connection.vendor == "sqlite":
-        with _run_on_sqlite(connection, sql, params) as cursor:
-            return int(cursor.rowcount)
+        with connection.wrap_database_errors:
+            cursor = _sqlite_cursor(connection)
+            try:
+                _logged(connection, cursor, sql, params, _qmark(sql))
+                return int(cursor.rowcount)
+            finally:
+                cursor.close()
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)

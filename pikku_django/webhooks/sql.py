@@ -31,7 +31,7 @@ from pikku_django.models import (
     WebhookReceipt,
     WorkflowRun,
 )
-from pikku_django.prepared import fetch, write_together
+from pikku_django.prepared import fetch, fetch_on, write_together
 from pikku_django.workflows.sql import CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -96,11 +96,15 @@ _state_sql_by_vendor: dict[str, str] = {}
 def read_source_state(using: str, source: str, credential: str) -> tuple[bool | None, list[str]]:
     """``source``'s switch (None when it has no row) and ``credential``'s active
     ciphertexts, oldest first, in one query."""
-    connection = connections[using]
+    return read_state(connections[using], source, credential)
+
+
+def read_state(connection: Any, source: str, credential: str) -> tuple[bool | None, list[str]]:
+    """:func:`read_source_state` on a connection object."""
     sql = _state_sql_by_vendor.get(connection.vendor)
     if sql is None:
         sql = _state_sql_by_vendor[connection.vendor] = _state_sql(connection.ops.quote_name)
-    rows = fetch(using, sql, [credential, True, source])
+    rows = fetch_on(connection, sql, [credential, True, source])
     if not rows:
         return None, []
     return bool(rows[0][0]), [token for _, token in rows if token]
@@ -231,7 +235,10 @@ def statements_for(
     """The statements for ``using``'s vendor, built once per vendor and shape
     (``gate`` only on PostgreSQL; ``checked`` False when the data is still to be
     checked as JSON)."""
-    connection = connections[using]
+    return _statements(connections[using], notify, gate, checked)
+
+
+def _statements(connection: Any, notify: bool, gate: bool, checked: bool) -> _Statements:
     vendor = connection.vendor
     postgresql = vendor == "postgresql"
     key = (vendor, notify, gate and postgresql, checked)
@@ -246,6 +253,11 @@ def statements_for(
     return found
 
 
+#: A new run's status, and the field its id is written through.
+_RUNNING = RunStatus.RUNNING.value
+_RUN_ID = WorkflowRun._meta.pk
+
+
 def store_event(
     using: str, new: NewEvent, *, wake_at: datetime, notify: bool, gate: Gate | None = None
 ) -> bool:
@@ -258,22 +270,21 @@ def store_event(
     nothing is stored.
     """
     connection = connections[using]
-    gated = gate is not None and connection.vendor == "postgresql"
+    postgresql = connection.vendor == "postgresql"
+    gated = gate is not None and postgresql
     checked = new.data_checked or new.data_json is None
-    statements = statements_for(using, notify=notify, gate=gated, checked=checked)
+    statements = _statements(connection, notify, gated, checked)
     adapt = connection.ops.adapt_datetimefield_value
     now = adapt(timezone.now())
     due = adapt(wake_at)
-    run_id = WorkflowRun._meta.pk.get_db_prep_value(uuid.uuid4(), connection)
-    status = RunStatus.RUNNING.value
+    run_id = _RUN_ID.get_db_prep_value(uuid.uuid4(), connection)
     try:
-        if statements.single:
+        if postgresql:
             params: list[Any] = []
             if gated:
                 assert gate is not None
                 params += [gate.source, gate.credential, gate.fingerprint]
-            params += [new.source, new.event, new.provider_id, run_id, now]
-            params += [new.workflow, status]
+            params += [new.source, new.event, new.provider_id, run_id, now, new.workflow, _RUNNING]
             if checked:
                 params.append(new.input_json())
             else:
@@ -283,7 +294,7 @@ def store_event(
             if not opened:
                 raise SourceChanged(new.source)
             return bool(started)
-        run = [run_id, new.workflow, status, new.input_json(), None, None, "", False]
+        run = [run_id, new.workflow, _RUNNING, new.input_json(), None, None, "", False]
         run += [new.idempotency_key, due, 0, now, now]
         not_json = None
         if not checked:

@@ -23,7 +23,7 @@ from django.db import connections
 
 from pikku_django.conf import pikku_settings
 from pikku_django.webhooks.credentials import configured_values, decrypt_cached
-from pikku_django.webhooks.sql import SOURCES_CHANNEL, Gate, fingerprint_of, read_source_state
+from pikku_django.webhooks.sql import SOURCES_CHANNEL, Gate, fingerprint_of, read_state
 
 logger = logging.getLogger(__name__)
 
@@ -65,15 +65,17 @@ def source_state(
 ) -> SourceState:
     """``source``'s state for a request on ``using``: kept, or read (``fresh`` always reads)."""
     credential = credential or ""
-    kept = _kept_for(using)
+    connection = connections[using]
+    kept = _kept_for(connection) if connection.vendor == "postgresql" else None
     if kept is not None and not fresh:
         found = kept.states.get((source, credential))
         if found is not None:
             return found
     generation = kept.generation if kept is not None else 0
-    enabled, ciphertexts = read_source_state(using, source, credential)
+    enabled, ciphertexts = read_state(connection, source, credential)
     secrets = configured_values(credential) if credential else []
-    secrets += [decrypt_cached(token) for token in reversed(ciphertexts)]
+    if ciphertexts:
+        secrets += [decrypt_cached(token) for token in reversed(ciphertexts)]
     state = SourceState(enabled, secrets, Gate(source, credential, fingerprint_of(ciphertexts)))
     if kept is not None:
         if enabled and kept.generation == generation:
@@ -85,18 +87,15 @@ def source_state(
     return state
 
 
-def _kept_for(using: str) -> _Kept | None:
-    """The states ``using``'s connection keeps, or None when it keeps none.
+def _kept_for(connection: Any) -> _Kept | None:
+    """The states a PostgreSQL ``connection`` keeps, or None when it keeps none.
 
-    A connection keeps states only on PostgreSQL (psycopg 3), with the setting on,
-    when it outlives the request (``CONN_MAX_AGE`` or a pool), and outside a
-    transaction: a LISTEN inside one would only count from its commit. Notifications
-    already received are taken in first; a connection's first call LISTENs.
+    A connection keeps states only with the setting on, on psycopg 3, when it
+    outlives the request (``CONN_MAX_AGE`` or a pool), and outside a transaction: a
+    LISTEN inside one would only count from its commit. Notifications already
+    received are taken in first; a connection's first call LISTENs.
     """
     if not pikku_settings.WEBHOOK_STATE_CACHE:
-        return None
-    connection = connections[using]
-    if connection.vendor != "postgresql":
         return None
     if connection.settings_dict.get("CONN_MAX_AGE") == 0 and not getattr(connection, "pool", None):
         return None  # a new connection every request: keeping would cost a LISTEN each
