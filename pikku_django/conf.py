@@ -88,13 +88,23 @@ DEFAULTS: dict[str, Any] = {
 
 
 class PikkuSettings:
-    """Reads ``settings.PIKKU``, falling back to :data:`DEFAULTS` key by key."""
+    """Reads ``settings.PIKKU``, falling back to :data:`DEFAULTS` key by key.
+
+    A value, once read, is kept on the instance until ``PIKKU`` changes (Django's
+    ``setting_changed``, as ``override_settings`` sends it).
+    """
 
     def __getattr__(self, name: str) -> Any:
         if name not in DEFAULTS:
             raise AttributeError(f"PIKKU has no setting {name!r}")
         user = getattr(settings, "PIKKU", None) or {}
-        return user.get(name, DEFAULTS[name])
+        value = user.get(name, DEFAULTS[name])
+        self.__dict__[name] = value
+        return value
+
+    def reset(self) -> None:
+        """Forget the values read, so the next read sees ``settings.PIKKU`` again."""
+        self.__dict__.clear()
 
     def user_keys(self) -> set[str]:
         """The keys the project set in ``settings.PIKKU``."""
@@ -107,6 +117,8 @@ pikku_settings = PikkuSettings()
 
 @receiver(setting_changed)
 def _reset_on_change(*, setting: str, **kwargs: Any) -> None:
+    if setting == "PIKKU":
+        pikku_settings.reset()
     if setting in ("PIKKU", "DATABASES", "CACHES"):
         from pikku_django.leases.registry import reset_lease_service
 

@@ -19,6 +19,8 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from pikku_django.conf import pikku_settings
+
 
 def fetch(using: str, sql: str, params: list[Any]) -> list[Any]:
     """Run ``sql`` on Django's connection ``using`` (in its transaction, if any): its rows."""
@@ -27,8 +29,6 @@ def fetch(using: str, sql: str, params: list[Any]) -> list[Any]:
 
 def fetch_on(connection: Any, sql: str, params: list[Any]) -> list[Any]:
     """:func:`fetch` on a connection object (``connections[using]``)."""
-    from pikku_django.conf import pikku_settings
-
     vendor = connection.vendor
     if vendor == "sqlite":
         with connection.wrap_database_errors:

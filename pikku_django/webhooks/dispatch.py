@@ -104,8 +104,9 @@ def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> Outcome:
 
     engine = get_engine()
     notify = bool(pikku_settings.WORKER_NOTIFY)
+    now = engine.clock.now()  # received now, and due at once
     try:
-        if store_event(engine.using, new, wake_at=engine.clock.now(), notify=notify, gate=gate):
+        if store_event(engine.using, new, wake_at=now, notify=notify, gate=gate, now=now):
             return "stored"
     except DataError as exc:  # e.g. PostgreSQL refuses \u0000 in JSON text
         logger.warning(

@@ -259,15 +259,22 @@ _RUN_ID = WorkflowRun._meta.pk
 
 
 def store_event(
-    using: str, new: NewEvent, *, wake_at: datetime, notify: bool, gate: Gate | None = None
+    using: str,
+    new: NewEvent,
+    *,
+    wake_at: datetime,
+    notify: bool,
+    gate: Gate | None = None,
+    now: datetime | None = None,
 ) -> bool:
     """Store ``new``'s receipt and start its run, due at ``wake_at``: both or neither.
 
-    False, with nothing stored, when the receipt (or the run's idempotency key)
-    already exists. ``notify`` wakes idle workers when the run is committed. With
-    ``gate`` (PostgreSQL), :class:`SourceChanged` when the source no longer matches
-    it, and ``DataError`` when the data is not JSON the database takes; either way
-    nothing is stored.
+    ``now`` is when it was received (default: ``timezone.now()``). False, with
+    nothing stored, when the receipt (or the run's idempotency key) already exists.
+    ``notify`` wakes idle workers when the run is committed. With ``gate``
+    (PostgreSQL), :class:`SourceChanged` when the source no longer matches it, and
+    ``DataError`` when the data is not JSON the database takes; either way nothing
+    is stored.
     """
     connection = connections[using]
     postgresql = connection.vendor == "postgresql"
@@ -275,8 +282,9 @@ def store_event(
     checked = new.data_checked or new.data_json is None
     statements = _statements(connection, notify, gated, checked)
     adapt = connection.ops.adapt_datetimefield_value
-    now = adapt(timezone.now())
-    due = adapt(wake_at)
+    received = timezone.now() if now is None else now
+    now = adapt(received)
+    due = now if wake_at is received else adapt(wake_at)
     run_id = _RUN_ID.get_db_prep_value(uuid.uuid4(), connection)
     try:
         if postgresql:

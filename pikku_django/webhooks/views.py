@@ -20,6 +20,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from pikku_django.conf import pikku_settings
 from pikku_django.models import TriggerSource
+from pikku_django.webhooks.dispatch import new_events, store_new_event
 from pikku_django.webhooks.sources import (
     ReceiveContext,
     Received,
@@ -133,8 +134,6 @@ def _not_found() -> JsonResponse:
 @csrf_exempt
 def webhook(request: HttpRequest, route: str) -> HttpResponse:
     """Answer one webhook request for the source declared at ``route``."""
-    from pikku_django.webhooks.dispatch import new_events, store_new_event
-
     source = source_for_route(route)
     if source is None:
         return _not_found()
