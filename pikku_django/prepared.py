@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connections, transaction
@@ -105,11 +105,8 @@ def write_together(
     connection.
     """
     connection = connections[using]
-    if (
-        connection.vendor != "sqlite"
-        or connection.in_atomic_block
-        or not connection.get_autocommit()
-    ):
+    connection.ensure_connection()
+    if connection.vendor != "sqlite" or connection.in_atomic_block or not connection.autocommit:
         with transaction.atomic(using=using):
             for sql, params, refused in statements:
                 if not fetch_nothing(using, sql, params) and refused is not None:
@@ -118,31 +115,29 @@ def write_together(
     with connection.wrap_database_errors:
         cursor = _sqlite_cursor(connection)
         raw = connection.connection
-        # Nothing watches the statements (no execute wrapper, no query log): run them as they are.
-        plain = not connection.execute_wrappers and not connection.queries_logged
+        execute = _sqlite_executor(connection, cursor)
         try:
-            if plain:
-                cursor.execute("BEGIN IMMEDIATE")
-            else:
-                _logged(connection, cursor, "BEGIN IMMEDIATE", None, "BEGIN IMMEDIATE")
+            execute("BEGIN IMMEDIATE", None)
             try:
                 for sql, params, refused in statements:
-                    if plain:
-                        cursor.execute(_qmark(sql), params)
-                    else:
-                        _logged(connection, cursor, sql, params, _qmark(sql))
+                    execute(sql, params)
                     if refused is not None and not cursor.rowcount:
                         raise refused
-                if plain:
-                    cursor.execute("COMMIT")
-                else:
-                    _logged(connection, cursor, "COMMIT", None, "COMMIT")
+                execute("COMMIT", None)
             except BaseException:
                 if raw.in_transaction:
                     raw.rollback()
                 raise
         finally:
             cursor.close()
+
+
+def _sqlite_executor(connection: Any, cursor: Any) -> Callable[[str, Any], Any]:
+    """``execute(sql, params)`` on SQLite's driver ``cursor``: straight through when
+    nothing watches the statements, else as :func:`_logged` runs them."""
+    if not connection.execute_wrappers and not connection.queries_logged:
+        return lambda sql, params: cursor.execute(_qmark(sql), () if params is None else params)
+    return lambda sql, params: _logged(connection, cursor, sql, params, _qmark(sql))
 
 
 def fetch_nothing(using: str, sql: str, params: list[Any]) -> int:
