@@ -17,7 +17,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import DataError, IntegrityError, connections, transaction
@@ -253,9 +253,8 @@ def _statements(connection: Any, notify: bool, gate: bool, checked: bool) -> _St
     return found
 
 
-#: A new run's status, and the field its id is written through.
+#: A new run's status.
 _RUNNING = RunStatus.RUNNING.value
-_RUN_ID = WorkflowRun._meta.pk
 
 
 def store_event(
@@ -281,11 +280,12 @@ def store_event(
     gated = gate is not None and postgresql
     checked = new.data_checked or new.data_json is None
     statements = _statements(connection, notify, gated, checked)
-    adapt = connection.ops.adapt_datetimefield_value
     received = timezone.now() if now is None else now
-    now = adapt(received)
-    due = now if wake_at is received else adapt(wake_at)
-    run_id = _RUN_ID.get_db_prep_value(uuid.uuid4(), connection)
+    now = _db_datetime(connection, received)
+    due = now if wake_at is received else _db_datetime(connection, wake_at)
+    run_id = uuid.uuid4()
+    if not connection.features.has_native_uuid_field:
+        run_id = run_id.hex  # as UUIDField stores it there
     try:
         if postgresql:
             params: list[Any] = []
@@ -316,6 +316,14 @@ def store_event(
         logger.debug("Webhook %s:%s %s not stored: %s", new.source, new.event, new.provider_id, exc)
         return False
     return True
+
+
+def _db_datetime(connection: Any, value: datetime) -> Any:
+    """``value`` as ``connection`` stores a datetime field: Django's adaptation, with
+    SQLite's usual case (a UTC value, a UTC connection) done directly."""
+    if connection.vendor == "sqlite" and value.tzinfo is UTC and connection.timezone is UTC:
+        return str(value.replace(tzinfo=None))
+    return connection.ops.adapt_datetimefield_value(value)
 
 
 def _run_single(using: str, sql: str, params: list[Any]) -> Any:
