@@ -14,10 +14,9 @@ from __future__ import annotations
 import functools
 import re
 import time
-from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import connections
 
 from pikku_django.conf import pikku_settings
 
@@ -94,56 +93,9 @@ def _qmark(sql: str) -> str:
     return re.sub(r"(?<!%)%s", "?", sql).replace("%%", "%")
 
 
-def write_together(
-    using: str, statements: Sequence[tuple[str, list[Any], Exception | None]]
-) -> None:
-    """Run ``statements`` in one transaction: all or none.
-
-    Each is SQL, its parameters, and an exception to raise (after rolling back) when
-    it changes no row, or None. Inside the caller's transaction, a savepoint. On
-    SQLite in autocommit, one ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the driver's
-    connection.
-    """
-    connection = connections[using]
-    connection.ensure_connection()
-    if connection.vendor != "sqlite" or connection.in_atomic_block or not connection.autocommit:
-        with transaction.atomic(using=using):
-            for sql, params, refused in statements:
-                if not fetch_nothing(using, sql, params) and refused is not None:
-                    raise refused
-        return
-    with connection.wrap_database_errors:
-        cursor = _sqlite_cursor(connection)
-        raw = connection.connection
-        execute = _sqlite_executor(connection, cursor)
-        try:
-            execute("BEGIN IMMEDIATE", None)
-            try:
-                for sql, params, refused in statements:
-                    execute(sql, params)
-                    if refused is not None and not cursor.rowcount:
-                        raise refused
-                execute("COMMIT", None)
-            except BaseException:
-                if raw.in_transaction:
-                    raw.rollback()
-                raise
-        finally:
-            cursor.close()
-
-
-def _sqlite_executor(connection: Any, cursor: Any) -> Callable[[str, Any], Any]:
-    """``execute(sql, params)`` on SQLite's driver ``cursor``: straight through when
-    nothing watches the statements, else as :func:`_logged` runs them."""
-    if not connection.execute_wrappers and not connection.queries_logged:
-        return lambda sql, params: cursor.execute(_qmark(sql), () if params is None else params)
-    return lambda sql, params: _logged(connection, cursor, sql, params, _qmark(sql))
-
-
-def fetch_nothing(using: str, sql: str, params: list[Any]) -> int:
-    """Run a statement that returns no rows, as :func:`fetch` runs one: the number of
-    rows it changed."""
-    connection = connections[using]
+def fetch_nothing_on(connection: Any, sql: str, params: list[Any]) -> int:
+    """Run a statement that returns no rows on a connection object, as :func:`fetch_on`
+    runs one: the number of rows it changed."""
     if connection.vendor == "sqlite":
         with connection.wrap_database_errors:
             cursor = _sqlite_cursor(connection)

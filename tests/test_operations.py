@@ -115,6 +115,13 @@ def test_prune_deletes_settled_old_runs_with_their_steps_and_receipts() -> None:
         received_at=timezone.now() - timedelta(days=40)
     )
     WebhookReceipt.objects.create(source="s", event="e", provider_id="2")
+    # An old event whose run has yet to start is kept: it holds the event.
+    waiting = WebhookReceipt.objects.create(
+        source="s", event="e", provider_id="3", workflow="w", input={"data": 1}
+    )
+    WebhookReceipt.objects.filter(pk=waiting.pk).update(
+        received_at=timezone.now() - timedelta(days=40)
+    )
 
     out = StringIO()
     call_command("pikku_prune", "--older-than", "30d", "--dry-run", stdout=out)
@@ -130,7 +137,7 @@ def test_prune_deletes_settled_old_runs_with_their_steps_and_receipts() -> None:
     assert old_failed.id not in left
     assert not WorkflowStep.objects.filter(run_id=old_done.id).exists()
     assert not StepAttempt.objects.filter(step_id=step.id).exists()
-    assert list(WebhookReceipt.objects.values_list("provider_id", flat=True)) == ["2"]
+    assert sorted(WebhookReceipt.objects.values_list("provider_id", flat=True)) == ["2", "3"]
 
 
 @pytest.mark.django_db

@@ -398,3 +398,19 @@ def test_a_receipt_whose_run_was_pruned_shows_the_run_id_unlinked(admin_client: 
     body = page.content.decode()
     assert f"{run_id} (pruned)" in body
     assert reverse("admin:pikku_django_workflowrun_change", args=[run_id]) not in body
+
+
+def test_a_receipt_waiting_for_its_run_says_so_and_shows_its_data(admin_client: Client) -> None:
+    receipt = WebhookReceipt.objects.create(
+        source="prov-hooks",
+        event="order.paid",
+        provider_id="o-79",
+        workflow="prov.paid",
+        input={"source": "prov-hooks", "event": "order.paid", "id": "o-79", "data": {"n": 2}},
+    )
+    listing = admin_client.get(reverse("admin:pikku_django_webhookreceipt_changelist"))
+    assert "waiting for a worker" in listing.content.decode()
+    page = admin_client.get(reverse("admin:pikku_django_webhookreceipt_change", args=[receipt.pk]))
+    body = page.content.decode()
+    assert "waiting for a worker" in body
+    assert "&quot;n&quot;: 2" in body  # the event's data, from the receipt itself

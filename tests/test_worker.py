@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,8 @@ from django.core.management import call_command
 from django.db import connections
 
 from pikku_django.leases.database import close_database_lease_connections
-from pikku_django.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models import RunStatus, StepStatus, WebhookReceipt, WorkflowRun, WorkflowStep
+from pikku_django.webhooks.sql import NewEvent, store_event
 from pikku_django.workflows import WorkflowEngine
 from pikku_django.workflows.worker import Worker
 from tests.conftest import database_alias, on_databases
@@ -152,6 +154,57 @@ def test_worker_threads_leave_no_connections_behind(vendor: str) -> None:
     Worker(engine, concurrency=4, until_idle=True, poll_interval=0.1).run()
     assert WorkflowRun.objects.using(alias).filter(status=RunStatus.COMPLETED).count() == 8
     assert sessions() == before
+
+
+def stored_event(alias: str, provider_id: str, *, notify: bool = True) -> None:
+    """A webhook event stored as the view stores one, waiting for its run."""
+    new = NewEvent(
+        source="wh-github",
+        event="push",
+        provider_id=provider_id,
+        data_json=json.dumps({"n": provider_id}),
+        workflow="testapp.webhook_event",
+    )
+    assert store_event(alias, new, notify=notify)
+
+
+def run_of(alias: str, provider_id: str) -> WorkflowRun | None:
+    receipt = WebhookReceipt.objects.using(alias).get(provider_id=provider_id)
+    return (
+        None if receipt.run_id is None else WorkflowRun.objects.using(alias).get(id=receipt.run_id)
+    )
+
+
+@on(*ALL)
+def test_the_worker_starts_and_runs_stored_webhook_events(vendor: str) -> None:
+    alias = database_alias(vendor)
+    for n in range(5):
+        stored_event(alias, f"w-{n}")
+    Worker(WorkflowEngine(alias), concurrency=2, until_idle=True, poll_interval=0.1).run()
+    for n in range(5):
+        run = run_of(alias, f"w-{n}")
+        assert run is not None
+        assert (run.status, run.output) == (RunStatus.COMPLETED, {"n": f"w-{n}"})
+    assert not WebhookReceipt.objects.using(alias).filter(input__isnull=False).exists()
+
+
+@on("postgres")
+def test_a_stored_webhook_event_wakes_an_idle_worker_before_its_poll(vendor: str) -> None:
+    alias = database_alias(vendor)
+    proc = worker_process(alias, PIKKU_TEST_POLL="60")
+    try:
+        time.sleep(3)  # idle, listening; it looked for waiting events when it started
+        stored_event(alias, "notified")
+
+        def finished() -> bool:
+            run = run_of(alias, "notified")
+            return run is not None and run.status == RunStatus.COMPLETED
+
+        wait_for(finished, 30, "the notified worker to start and finish the event's run")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out = finish(proc, 60)
+    assert code == 0, out
 
 
 def test_help_explains_the_command(capsys: pytest.CaptureFixture[str]) -> None:

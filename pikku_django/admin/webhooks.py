@@ -373,7 +373,7 @@ class WebhookReceiptAdmin(admin.ModelAdmin):
     @admin.display(description=gettext_lazy("dispatch run"), ordering="run")
     def run_link(self, obj: WebhookReceipt) -> SafeString | str:
         if obj.run_id is None:
-            return EMPTY
+            return _("waiting for a worker") if obj.input is not None else EMPTY
         run = _run_of(obj)
         if run is None:
             return format_html("{} ({})", obj.run_id, _("pruned"))
@@ -381,11 +381,16 @@ class WebhookReceiptAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("data"))
     def data_json(self, obj: WebhookReceipt) -> SafeString | str:
-        """The event's data, as its run holds it (a receipt keeps only its key)."""
-        run = _run_of(obj)
-        if run is None or not isinstance(run.input, dict):
+        """The event's data: in the receipt until its run starts, then in the run."""
+        if obj.input is not None:
+            event = obj.input
+        else:
+            run = _run_of(obj)
+            if run is None:
+                return EMPTY
+            event = run.input
+        if not isinstance(event, dict):
             return EMPTY
-        event = run.input
         if "handler" in event:  # a function handler's run wraps the event
             event = event.get("event")
         return json_block(event.get("data") if isinstance(event, dict) else None)

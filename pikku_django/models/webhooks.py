@@ -64,7 +64,9 @@ class CredentialValue(models.Model):
 class WebhookReceipt(models.Model):
     """An accepted webhook event, once per (source, event, provider id).
 
-    The event's data is stored once, in the input of the run it started.
+    The request stores the event here, with the input of the run it is to start;
+    a worker starts that run and then links it (``run``), and the input moves to
+    the run, so the event's data is kept once.
     """
 
     source = models.CharField(_("source"), max_length=100)
@@ -83,6 +85,9 @@ class WebhookReceipt(models.Model):
         verbose_name=_("dispatch run"),
     )
     received_at = models.DateTimeField(_("received"), auto_now_add=True, db_index=True)
+    # The workflow the event starts, and that run's input until a worker starts it.
+    workflow = models.CharField(_("workflow"), max_length=200, blank=True, default="")
+    input = models.JSONField(_("run input"), null=True, blank=True)
 
     class Meta:
         db_table = "pikku_webhook_receipt"
@@ -94,6 +99,13 @@ class WebhookReceipt(models.Model):
                 fields=("source", "event", "provider_id"), name="pikku_receipt_once"
             ),
         )
+        # Receipts waiting for their run (run_id IS NULL), oldest first.
+        indexes = (models.Index(fields=("run", "id"), name="pikku_receipt_waiting"),)
 
     def __str__(self) -> str:
         return f"{self.source}:{self.event} {self.provider_id}"
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the event's run has yet to be started by a worker."""
+        return self.run_id is None and self.input is not None

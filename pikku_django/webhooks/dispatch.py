@@ -1,19 +1,23 @@
-"""Turning accepted events into durable work: a workflow run per event, started with
-the event's receipt as one atomic unit."""
+"""Turning accepted events into durable work: the request stores each event as its
+receipt, and a worker starts the event's workflow run from it."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from django.db import DataError
+from django.db import DataError, IntegrityError
 
 from pikku_django.conf import pikku_settings
+from pikku_django.models import WebhookReceipt
 from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, event_json, handler_for
-from pikku_django.webhooks.sql import Gate, NewEvent, store_event
+from pikku_django.webhooks.sql import Gate, NewEvent, idempotency_key, store_event
 from pikku_django.workflows.registry import get_step, step, workflow
+
+if TYPE_CHECKING:
+    from pikku_django.workflows.engine import WorkflowEngine
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +85,6 @@ def new_events(
                 provider_id=provider_id,
                 data_json=data_json,
                 workflow=handler.workflow if handler.workflow is not None else DISPATCH_WORKFLOW,
-                idempotency_key=f"webhook:{source.name}:{event.name}:{provider_id}"[:255],
                 handler=handler.step if handler.workflow is None else None,
                 data_checked=checked,
             )
@@ -95,7 +98,7 @@ Outcome = Literal["stored", "redelivery", "refused"]
 
 
 def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> Outcome:
-    """Store one event with its receipt and start its run.
+    """Store one event with its receipt, for a worker to start its run.
 
     With ``gate``: :class:`~pikku_django.webhooks.sql.SourceChanged`, nothing stored,
     when the source no longer matches it.
@@ -104,9 +107,8 @@ def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> Outcome:
 
     engine = get_engine()
     notify = bool(pikku_settings.WORKER_NOTIFY)
-    now = engine.clock.now()  # received now, and due at once
     try:
-        if store_event(engine.using, new, wake_at=now, notify=notify, gate=gate, now=now):
+        if store_event(engine.using, new, notify=notify, gate=gate, now=engine.clock.now()):
             return "stored"
     except DataError as exc:  # e.g. PostgreSQL refuses \u0000 in JSON text
         logger.warning(
@@ -126,6 +128,44 @@ def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> Outcome:
     return "redelivery"
 
 
+def waiting_receipts(engine: WorkflowEngine) -> Any:
+    """The receipts whose run a worker has yet to start."""
+    return WebhookReceipt.objects.using(engine.using).filter(
+        run_id__isnull=True, input__isnull=False
+    )
+
+
+def start_waiting_runs(engine: WorkflowEngine, limit: int = 100) -> int:
+    """Start the run of each stored event still waiting for one, oldest first (at most
+    ``limit``): how many were started.
+
+    Each run is created with its receipt linked to it and the input moved to it, in
+    one transaction; a receipt another worker is starting is skipped.
+    """
+    receipts = WebhookReceipt.objects.using(engine.using)
+    if not waiting_receipts(engine).exists():  # the usual answer, without a transaction
+        return 0
+    started = 0
+    with engine.claims_serialised(), engine.atomic():
+        waiting = list(
+            waiting_receipts(engine).order_by("id").select_for_update(skip_locked=True)[:limit]
+        )
+        for receipt in waiting:
+            key = idempotency_key(receipt.source, receipt.event, receipt.provider_id)
+            try:
+                with engine.atomic():
+                    run_id = engine.create_run(
+                        receipt.workflow, receipt.input, idempotency_key=key
+                    ).id
+                started += 1
+            except IntegrityError:  # a run with its key exists: the event's run
+                run_id = engine.runs().get(workflow=receipt.workflow, idempotency_key=key).id
+            receipts.filter(pk=receipt.pk).update(run_id=run_id, input=None)
+    if started:
+        logger.info("Started %d run(s) for stored webhook events", started)
+    return started
+
+
 def accept_events(
     source: WebhookSource,
     events: list[WebhookEvent],
@@ -133,7 +173,8 @@ def accept_events(
     delivery_id: str | None,
     body: bytes,
 ) -> int:
-    """Store each new event with its receipt and start its run; how many were new.
+    """Store each new event with its receipt, for a worker to start its run; how many
+    were new.
 
     A redelivered event (same source, event and provider id) is not stored or
     dispatched again.

@@ -1,20 +1,17 @@
 """Webhook SQL: reading a source's switch and secrets, and storing an accepted event
-(its receipt and its workflow run, both or neither).
+as its receipt, with the input of the run a worker is to start for it.
 
-On PostgreSQL an event is one statement: the receipt, the run only when the receipt
-was new, and the workers' wake-up, so outside a transaction it needs no BEGIN or
-COMMIT of its own. With a :class:`Gate` the same statement first checks that the
-source is still enabled with the credential values the request was verified
-against, and stores nothing otherwise. Every other database gets two INSERTs in one
-transaction, the run first (MariaDB and MySQL check foreign keys at once), where the
-receipt's unique constraint refuses a redelivery and takes the run back with it.
+An event is one INSERT, so outside a transaction it needs no BEGIN or COMMIT of its
+own; the receipt's unique constraint refuses a redelivery. On PostgreSQL the same
+statement wakes the workers (``NOTIFY``) and, with a :class:`Gate`, first checks that
+the source is still enabled with the credential values the request was verified
+against, storing nothing otherwise.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,33 +23,19 @@ from django.utils import timezone
 
 from pikku_django.models import (
     CredentialValue,
-    RunStatus,
     TriggerSource,
     WebhookReceipt,
-    WorkflowRun,
 )
-from pikku_django.prepared import fetch, fetch_on, write_together
+from pikku_django.prepared import fetch_nothing_on, fetch_on
 from pikku_django.workflows.sql import CHANNEL
 
 logger = logging.getLogger(__name__)
 
-RUN_FIELDS = (
-    "id",
-    "workflow",
-    "status",
-    "input",
-    "output",
-    "error",
-    "suspend_reason",
-    "inline",
-    "idempotency_key",
-    "wake_at",
-    "wakes",
-    "created_at",
-    "updated_at",
-)
-RECEIPT_FIELDS = ("source", "event", "provider_id", "run_id", "received_at")
+RECEIPT_FIELDS = ("source", "event", "provider_id", "received_at", "workflow", "input")
 RECEIPT_KEY = ("source", "event", "provider_id")
+
+#: The payload of the workers' wake-up (``CHANNEL``) when events wait for their runs.
+RECEIPTS_WAITING = "receipts"
 
 
 #: The channel PostgreSQL notifies when a source's row or a credential value changes
@@ -117,7 +100,7 @@ def fingerprint_of(ciphertexts: list[str]) -> str:
 
 @dataclass(frozen=True)
 class NewEvent:
-    """An accepted event: its receipt, and the run of ``workflow`` it starts.
+    """An accepted event: its receipt, and the run of ``workflow`` it is to start.
 
     The run's input is ``{"source", "event", "id", "data"}``, or
     ``{"handler": handler, "event": {...}}`` when ``handler`` (a step name) is set.
@@ -131,7 +114,6 @@ class NewEvent:
     provider_id: str
     data_json: str | None
     workflow: str
-    idempotency_key: str
     handler: str | None = None
     data_checked: bool = True
 
@@ -152,17 +134,13 @@ class NewEvent:
         return ["data"] if self.handler is None else ["event", "data"]
 
 
-@dataclass(frozen=True)
-class _Statements:
-    """One vendor's SQL: ``single`` (PostgreSQL), or ``run`` then ``receipt``."""
-
-    single: str = ""
-    run: str = ""
-    receipt: str = ""
+def idempotency_key(source: str, event: str, provider_id: str) -> str:
+    """The idempotency key of the run an event starts."""
+    return f"webhook:{source}:{event}:{provider_id}"[:255]
 
 
 #: Built statements by (vendor, notify, gate, checked): a handful, made on first use.
-_built: dict[tuple[str, bool, bool, bool], _Statements] = {}
+_built: dict[tuple[str, bool, bool, bool], str] = {}
 
 
 def _columns(model: type[Model], names: tuple[str, ...], quote: Callable[[str], str]) -> str:
@@ -170,11 +148,11 @@ def _columns(model: type[Model], names: tuple[str, ...], quote: Callable[[str], 
     return ", ".join(quote(fields[name].column) for name in names)
 
 
-def _postgresql(
-    quote: Callable[[str], str], notify: bool, gate: bool, checked: bool
-) -> _Statements:
-    run_id = quote(WebhookReceipt._meta.get_field("run").column)
-    receipt_values = "%s::text, %s::text, %s::text, %s::uuid, %s::timestamptz"
+def _postgresql(quote: Callable[[str], str], notify: bool, gate: bool, checked: bool) -> str:
+    """One statement: its row is (the gate opened, a receipt was stored, notified)."""
+    # Unchecked data is parsed by jsonb on its own, then set into the input.
+    run_input = "%s::jsonb" if checked else "jsonb_set(%s::jsonb, %s::text[], %s::jsonb)"
+    values = f"%s::text, %s::text, %s::text, %s::timestamptz, %s::text, {run_input}"
     if gate:
         source = TriggerSource._meta
         value = CredentialValue._meta
@@ -187,58 +165,43 @@ def _postgresql(
             f"WHERE {quote(value.get_field('credential').column)} = %s "
             f"AND {quote(value.get_field('active').column)}), '') = %s), "
         )
-        receipt_rows = f"SELECT {receipt_values} FROM gate"
+        rows = f"SELECT {values} FROM gate"
         opened = "(SELECT count(*) FROM gate)"
     else:
         head = "WITH "
-        receipt_rows = f"VALUES ({receipt_values})"
+        rows = f"VALUES ({values})"
         opened = "1"
-    woken = f"(SELECT pg_notify('{CHANNEL}', '') FROM run)" if notify else "NULL"
-    # Unchecked data is parsed by jsonb on its own, then set into the input.
-    run_input = "%s::jsonb" if checked else "jsonb_set(%s::jsonb, %s::text[], %s::jsonb)"
-    return _Statements(
-        single=(
-            f"{head}receipt AS ("
-            f"INSERT INTO {quote(WebhookReceipt._meta.db_table)} "
-            f"({_columns(WebhookReceipt, RECEIPT_FIELDS, quote)}) {receipt_rows} "
-            f"ON CONFLICT ({_columns(WebhookReceipt, RECEIPT_KEY, quote)}) DO NOTHING "
-            f"RETURNING {run_id}), "
-            f"run AS ("
-            f"INSERT INTO {quote(WorkflowRun._meta.db_table)} "
-            f"({_columns(WorkflowRun, RUN_FIELDS, quote)}) "
-            f"SELECT {run_id}, %s, %s, {run_input}, NULL, NULL, '', false, %s, %s, 0, %s, %s "
-            f"FROM receipt RETURNING {quote(WorkflowRun._meta.pk.column)}) "
-            f"SELECT {opened}, (SELECT count(*) FROM run), {woken}"
-        )
+    woken = "NULL"
+    if notify:
+        woken = f"(SELECT pg_notify('{CHANNEL}', '{RECEIPTS_WAITING}') FROM receipt)"
+    return (
+        f"{head}receipt AS ("
+        f"INSERT INTO {quote(WebhookReceipt._meta.db_table)} "
+        f"({_columns(WebhookReceipt, RECEIPT_FIELDS, quote)}) {rows} "
+        f"ON CONFLICT ({_columns(WebhookReceipt, RECEIPT_KEY, quote)}) DO NOTHING "
+        f"RETURNING 1) "
+        f"SELECT {opened}, (SELECT count(*) FROM receipt), {woken}"
     )
 
 
-def _portable(quote: Callable[[str], str], vendor: str, checked: bool) -> _Statements:
-    def columns(model: type[Model], names: tuple[str, ...]) -> str:
-        return f"INSERT INTO {quote(model._meta.db_table)} ({_columns(model, names, quote)}) "
-
-    values = ", ".join(["%s"] * len(RUN_FIELDS))
+def _portable(quote: Callable[[str], str], vendor: str, checked: bool) -> str:
+    """One INSERT; unchecked data is stored only if it is one JSON value (so nothing
+    else can hide in the input)."""
+    values = ", ".join(["%s"] * len(RECEIPT_FIELDS))
+    insert = (
+        f"INSERT INTO {quote(WebhookReceipt._meta.db_table)} "
+        f"({_columns(WebhookReceipt, RECEIPT_FIELDS, quote)}) "
+    )
     if checked:
-        run = f"{columns(WorkflowRun, RUN_FIELDS)}VALUES ({values})"
-    else:  # stored only if the data is one JSON value (nothing else can hide in the input)
-        dual = " FROM DUAL" if vendor == "mysql" else ""
-        run = f"{columns(WorkflowRun, RUN_FIELDS)}SELECT {values}{dual} WHERE JSON_VALID(%s)"
-    receipt = ", ".join(["%s"] * len(RECEIPT_FIELDS))
-    return _Statements(
-        run=run, receipt=f"{columns(WebhookReceipt, RECEIPT_FIELDS)}VALUES ({receipt})"
-    )
+        return f"{insert}VALUES ({values})"
+    dual = " FROM DUAL" if vendor == "mysql" else ""
+    return f"{insert}SELECT {values}{dual} WHERE JSON_VALID(%s)"
 
 
-def statements_for(
-    using: str, *, notify: bool, gate: bool = False, checked: bool = True
-) -> _Statements:
-    """The statements for ``using``'s vendor, built once per vendor and shape
+def _statement(connection: Any, notify: bool, gate: bool, checked: bool) -> str:
+    """The statement for ``connection``'s vendor, built once per vendor and shape
     (``gate`` only on PostgreSQL; ``checked`` False when the data is still to be
     checked as JSON)."""
-    return _statements(connections[using], notify, gate, checked)
-
-
-def _statements(connection: Any, notify: bool, gate: bool, checked: bool) -> _Statements:
     vendor = connection.vendor
     postgresql = vendor == "postgresql"
     key = (vendor, notify, gate and postgresql, checked)
@@ -253,65 +216,50 @@ def _statements(connection: Any, notify: bool, gate: bool, checked: bool) -> _St
     return found
 
 
-#: A new run's status.
-_RUNNING = RunStatus.RUNNING.value
-
-
 def store_event(
     using: str,
     new: NewEvent,
     *,
-    wake_at: datetime,
     notify: bool,
     gate: Gate | None = None,
     now: datetime | None = None,
 ) -> bool:
-    """Store ``new``'s receipt and start its run, due at ``wake_at``: both or neither.
+    """Store ``new``'s receipt, received at ``now`` (default: ``timezone.now()``), with
+    the input of the run a worker is to start for it.
 
-    ``now`` is when it was received (default: ``timezone.now()``). False, with
-    nothing stored, when the receipt (or the run's idempotency key) already exists.
-    ``notify`` wakes idle workers when the run is committed. With ``gate``
-    (PostgreSQL), :class:`SourceChanged` when the source no longer matches it, and
-    ``DataError`` when the data is not JSON the database takes; either way nothing
-    is stored.
+    False, with nothing stored, when the receipt already exists. ``notify`` wakes idle
+    workers when the receipt is committed. With ``gate`` (PostgreSQL),
+    :class:`SourceChanged` when the source no longer matches it. ``DataError`` when the
+    data is not JSON the database takes; nothing is stored.
     """
     connection = connections[using]
     postgresql = connection.vendor == "postgresql"
     gated = gate is not None and postgresql
     checked = new.data_checked or new.data_json is None
-    statements = _statements(connection, notify, gated, checked)
-    received = timezone.now() if now is None else now
-    now = _db_datetime(connection, received)
-    due = now if wake_at is received else _db_datetime(connection, wake_at)
-    run_id = uuid.uuid4()
-    if not connection.features.has_native_uuid_field:
-        run_id = run_id.hex  # as UUIDField stores it there
+    sql = _statement(connection, notify, gated, checked)
+    received = _db_datetime(connection, timezone.now() if now is None else now)
+    params: list[Any] = []
+    if gated:
+        assert gate is not None
+        params += [gate.source, gate.credential, gate.fingerprint]
+    params += [new.source, new.event, new.provider_id, received, new.workflow]
     try:
         if postgresql:
-            params: list[Any] = []
-            if gated:
-                assert gate is not None
-                params += [gate.source, gate.credential, gate.fingerprint]
-            params += [new.source, new.event, new.provider_id, run_id, now, new.workflow, _RUNNING]
             if checked:
                 params.append(new.input_json())
             else:
                 params += [new.input_json(data=False), new.data_path(), new.data_json]
-            params += [new.idempotency_key, due, now, now]
-            opened, started, _ = _run_single(using, statements.single, params)
+            opened, stored, _ = _in_savepoint(connection, fetch_on, sql, params)[0]
             if not opened:
                 raise SourceChanged(new.source)
-            return bool(started)
-        run = [run_id, new.workflow, _RUNNING, new.input_json(), None, None, "", False]
-        run += [new.idempotency_key, due, 0, now, now]
-        not_json = None
-        if not checked:
-            run.append(new.data_json)
-            not_json = DataError(f"the data of {new.source}:{new.event} is not JSON")
-        receipt = [new.source, new.event, new.provider_id, run_id, now]
-        write_together(
-            using, [(statements.run, run, not_json), (statements.receipt, receipt, None)]
-        )
+            return bool(stored)
+        params.append(new.input_json())
+        if checked:
+            _in_savepoint(connection, fetch_nothing_on, sql, params)
+            return True
+        params.append(new.data_json)
+        if not _in_savepoint(connection, fetch_nothing_on, sql, params):
+            raise DataError(f"the data of {new.source}:{new.event} is not JSON")
     except IntegrityError as exc:
         logger.debug("Webhook %s:%s %s not stored: %s", new.source, new.event, new.provider_id, exc)
         return False
@@ -326,11 +274,10 @@ def _db_datetime(connection: Any, value: datetime) -> Any:
     return connection.ops.adapt_datetimefield_value(value)
 
 
-def _run_single(using: str, sql: str, params: list[Any]) -> Any:
-    """Run the one statement: its one row."""
-    connection = connections[using]
+def _in_savepoint(connection: Any, run: Callable[..., Any], sql: str, params: list[Any]) -> Any:
+    """``run(connection, sql, params)``; inside the caller's transaction, in a savepoint,
+    so a refused statement leaves that transaction usable."""
     if connection.in_atomic_block or not connection.get_autocommit():
-        # Inside the caller's transaction: a savepoint, so a refused run leaves it usable.
-        with transaction.atomic(using=using):
-            return fetch(using, sql, params)[0]
-    return fetch(using, sql, params)[0]
+        with transaction.atomic(using=connection.alias):
+            return run(connection, sql, params)
+    return run(connection, sql, params)

@@ -1368,7 +1368,8 @@ class WorkflowEngine:
 
     # -- finding work --------------------------------------------------------------
 
-    def _claims_serialised(self) -> Any:
+    def claims_serialised(self) -> Any:
+        """A lock that one process's claims take in turn on SQLite (a no-op elsewhere)."""
         if self.vendor == "sqlite":
             return self._sqlite_claims
         return _NullLock()
@@ -1380,7 +1381,7 @@ class WorkflowEngine:
         claimed = self.writes.claim_due_runs(now, until, limit)
         if claimed is not None:
             return claimed
-        with self._claims_serialised(), self.atomic():
+        with self.claims_serialised(), self.atomic():
             ids = list(
                 self.runs()
                 .filter(status=RunStatus.RUNNING, inline=False, wake_at__lte=now)
@@ -1412,7 +1413,7 @@ class WorkflowEngine:
         if queues:
             qs = qs.filter(queue__in=list(queues))
         claimed: list[ClaimedStep] = []
-        with self._claims_serialised(), self.atomic():
+        with self.claims_serialised(), self.atomic():
             candidates = list(
                 qs.order_by("id")
                 .select_for_update(skip_locked=True)
@@ -1426,9 +1427,16 @@ class WorkflowEngine:
                     claimed.append(got)
         return claimed
 
+    def start_waiting_runs(self, limit: int = 100) -> int:
+        """Start the runs of stored webhook events that wait for one: how many."""
+        from pikku_django.webhooks.dispatch import start_waiting_runs
+
+        return start_waiting_runs(self, limit)
+
     def work_once(self, queues: Iterable[str] | None = None, worker: str = "") -> int:
-        """Do one unit of due work (a pass, or a step): how many units were done."""
-        done = 0
+        """Do one unit of due work (a pass, or a step), after starting the runs of
+        stored webhook events: how many units were done (each run started counts)."""
+        done = self.start_waiting_runs()
         for run_id in self.claim_due_runs(1):
             self.orchestrate(run_id)
             done += 1

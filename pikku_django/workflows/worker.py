@@ -19,6 +19,8 @@ from pikku_django.dbclock import EpochMs
 from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError, hold_lease
 from pikku_django.models import RunStatus, StepKind, StepStatus
 from pikku_django.timers import call_later
+from pikku_django.webhooks.dispatch import waiting_receipts
+from pikku_django.webhooks.sql import RECEIPTS_WAITING
 from pikku_django.workflows.engine import CarriedRun, ClaimedStep, StepClaimer, WorkflowEngine
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.sql import CHANNEL
@@ -31,6 +33,9 @@ CHAIN_SECONDS = 0.25
 
 #: Leases shorter than this still renew every half lease, with one warning.
 SHORT_LEASE_MS = 1_000
+
+#: How many stored webhook events one look starts runs for.
+RECEIPT_BATCH = 100
 _warned_short_lease = False
 
 
@@ -188,6 +193,12 @@ class Worker:
             ("claimed", "finished", "failed", "retried", "recovered", "superseded"), 0
         )
         self.progress_interval = float(pikku_settings.WORKER_PROGRESS_INTERVAL)
+        # Stored webhook events wait for their runs: looked for at start, when notified,
+        # and once a poll interval.
+        self._receipts_waiting = threading.Event()
+        self._receipts_waiting.set()
+        self._receipts_lock = threading.Lock()
+        self._next_receipt_look = 0.0
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -328,7 +339,7 @@ class Worker:
                 with self._lock:
                     self._idle.discard(index)  # busy until this iteration finds nothing
                 try:
-                    done = self._one_unit()
+                    done = self._start_waiting_runs() + self._one_unit()
                 except Exception:
                     self.errors += 1
                     logger.exception("pikku_worker thread %d hit an error; continuing", index)
@@ -353,6 +364,23 @@ class Worker:
                         self._work.wait(max(wait, 0.005))
         finally:
             connections.close_all()
+
+    def _start_waiting_runs(self) -> int:
+        """Start the runs of stored webhook events, in one thread at a time: at once
+        when told they wait (PostgreSQL), else at most once a poll interval."""
+        if not self._receipts_waiting.is_set() and time.monotonic() < self._next_receipt_look:
+            return 0
+        if not self._receipts_lock.acquire(blocking=False):
+            return 0
+        try:
+            self._receipts_waiting.clear()
+            self._next_receipt_look = time.monotonic() + self.poll_interval
+            started = self.engine.start_waiting_runs(RECEIPT_BATCH)
+            if started >= RECEIPT_BATCH:  # there may be more
+                self._receipts_waiting.set()
+            return started
+        finally:
+            self._receipts_lock.release()
 
     def _one_unit(self) -> int:
         engine = self.engine
@@ -522,6 +550,9 @@ class Worker:
         now = engine.clock.now() + timedelta(seconds=self.idle_grace)
         if engine.runs().filter(status=RunStatus.RUNNING, inline=False, wake_at__lte=now).exists():
             return True
+        if waiting_receipts(engine).exists():
+            self._receipts_waiting.set()
+            return True
         steps = engine.steps().filter(
             kind=StepKind.QUEUED, run__status=RunStatus.RUNNING, run__inline=False
         )
@@ -557,7 +588,9 @@ class Worker:
                 raw.autocommit = True
                 raw.execute(f"LISTEN {CHANNEL}")
                 while not self.stopping.is_set():
-                    for _ in raw.notifies(timeout=1.0, stop_after=1):
+                    for notice in raw.notifies(timeout=1.0, stop_after=1):
+                        if notice.payload == RECEIPTS_WAITING:
+                            self._receipts_waiting.set()
                         self._wake_all()
             except Exception:
                 if self.stopping.is_set():

@@ -69,3 +69,9 @@ def tx_block_first(data: dict[str, Any]) -> dict[str, Any]:
 @workflow(name="testapp.blocked")
 def blocked(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
     return ctx.do("work", input.get("step", "testapp.block_first"), input)
+
+
+@workflow(name="testapp.webhook_event")
+def webhook_event(ctx: WorkflowContext, event: dict[str, Any]) -> Any:
+    """The run a stored webhook event starts: it answers with the event's data."""
+    return event["data"]

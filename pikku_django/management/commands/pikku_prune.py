@@ -63,7 +63,12 @@ class Command(BaseCommand):
                 .values("child_run_id")
             )
         )
-        receipts = WebhookReceipt.objects.using(using).filter(received_at__lt=cutoff)
+        # A receipt still waiting for its run holds the event: it is kept.
+        receipts = (
+            WebhookReceipt.objects.using(using)
+            .filter(received_at__lt=cutoff)
+            .exclude(run__isnull=True, input__isnull=False)
+        )
         if options["dry_run"]:
             self.stdout.write(
                 f"Would delete {runs.count()} settled runs and {receipts.count()} webhook "
