@@ -237,8 +237,9 @@ def test_a_run_that_holds_the_event_key_is_linked_not_started_again(
         workflow="wh.deploy", idempotency_key="webhook:wh-github:push:k"
     )
     assert store_event(alias, new_event("k"), notify=True)
-    assert get_engine().start_waiting_runs() == 0
+    assert get_engine().start_waiting_runs() == 1  # linked, not started
     assert WebhookReceipt.objects.using(alias).get().run_id == existing.id
+    assert WebhookReceipt.objects.using(alias).get().input is None
     assert WorkflowRun.objects.using(alias).count() == 1
 
 

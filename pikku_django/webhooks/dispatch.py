@@ -137,10 +137,11 @@ def waiting_receipts(engine: WorkflowEngine) -> Any:
 
 def start_waiting_runs(engine: WorkflowEngine, limit: int = 100) -> int:
     """Start the run of each stored event still waiting for one, oldest first (at most
-    ``limit``): how many were started.
+    ``limit``): how many receipts now have their run.
 
-    Each run is created with its receipt linked to it and the input moved to it, in
-    one transaction; a receipt another worker is starting is skipped.
+    Each receipt is linked to its new run, and its input moved to the run, in one
+    transaction; a receipt another worker is starting is skipped. Should a run with
+    the event's idempotency key exist already, the receipt is linked to it instead.
     """
     receipts = WebhookReceipt.objects.using(engine.using)
     if not waiting_receipts(engine).exists():  # the usual answer, without a transaction
@@ -161,9 +162,9 @@ def start_waiting_runs(engine: WorkflowEngine, limit: int = 100) -> int:
             except IntegrityError:  # a run with its key exists: the event's run
                 run_id = engine.runs().get(workflow=receipt.workflow, idempotency_key=key).id
             receipts.filter(pk=receipt.pk).update(run_id=run_id, input=None)
-    if started:
-        logger.info("Started %d run(s) for stored webhook events", started)
-    return started
+    if waiting:
+        logger.info("Started %d run(s) for %d stored webhook event(s)", started, len(waiting))
+    return len(waiting)
 
 
 def accept_events(

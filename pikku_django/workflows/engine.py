@@ -1428,14 +1428,15 @@ class WorkflowEngine:
         return claimed
 
     def start_waiting_runs(self, limit: int = 100) -> int:
-        """Start the runs of stored webhook events that wait for one: how many."""
+        """Start the runs of stored webhook events that wait for one: how many events
+        now have their run."""
         from pikku_django.webhooks.dispatch import start_waiting_runs
 
         return start_waiting_runs(self, limit)
 
     def work_once(self, queues: Iterable[str] | None = None, worker: str = "") -> int:
         """Do one unit of due work (a pass, or a step), after starting the runs of
-        stored webhook events: how many units were done (each run started counts)."""
+        stored webhook events: how many units were done (each event given its run counts)."""
         done = self.start_waiting_runs()
         for run_id in self.claim_due_runs(1):
             self.orchestrate(run_id)

@@ -33,10 +33,10 @@ CHAIN_SECONDS = 0.25
 
 #: Leases shorter than this still renew every half lease, with one warning.
 SHORT_LEASE_MS = 1_000
+_warned_short_lease = False
 
 #: How many stored webhook events one look starts runs for.
 RECEIPT_BATCH = 100
-_warned_short_lease = False
 
 
 def renewal_interval_s(lease_ms: int) -> float:
@@ -375,10 +375,10 @@ class Worker:
         try:
             self._receipts_waiting.clear()
             self._next_receipt_look = time.monotonic() + self.poll_interval
-            started = self.engine.start_waiting_runs(RECEIPT_BATCH)
-            if started >= RECEIPT_BATCH:  # there may be more
+            linked = self.engine.start_waiting_runs(RECEIPT_BATCH)
+            if linked >= RECEIPT_BATCH:  # there may be more
                 self._receipts_waiting.set()
-            return started
+            return linked
         finally:
             self._receipts_lock.release()
 
