@@ -468,6 +468,31 @@ def check_rows(ours: Poster, bare: Poster) -> dict[str, int]:
     return counts
 
 
+def time_starting_runs(seconds: float) -> dict[str, Any]:
+    """The worker's side, for information: a worker thread starting the runs of the
+    stored events (``start_waiting_runs``, batches of 100) for about ``seconds``; each
+    run's receipt is then checked to be linked to it."""
+    from pikku_django.models import WebhookReceipt, WorkflowRun
+    from pikku_django.workflows.api import get_engine
+
+    engine = get_engine()
+    linked = 0
+    clock = time.perf_counter
+    t0 = clock()
+    while clock() - t0 < seconds:
+        done = engine.start_waiting_runs(100)
+        if not done:
+            break
+        linked += done
+    elapsed = clock() - t0
+    runs = WorkflowRun.objects.filter(workflow=WORKFLOW).count()
+    with_run = WebhookReceipt.objects.filter(source=SOURCE, run_id__isnull=False).count()
+    if not runs == with_run == linked:
+        raise BenchError(f"{linked} events given runs, but {runs} runs and {with_run} linked")
+    log.info("worker: started %d runs in %.2f s", linked, elapsed)
+    return {"runs_started": linked, "seconds": round(elapsed, 3)}
+
+
 def profile_ours(ours: Poster, seconds: float) -> None:
     """Run the pikku side for ``seconds`` under cProfile; the top functions to stderr."""
     profiler = cProfile.Profile()
@@ -526,6 +551,7 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
         counts = check_rows(ours, bare)
         if args.profile:
             profile_ours(ours, args.seconds)
+        starting = time_starting_runs(args.seconds)
         if backend == "postgres":
             clear_rows()
             forget_source()
@@ -536,6 +562,7 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
             "tallies": tallies,
             "statements": statements,
             "row_check": counts,
+            "starting_runs": starting,
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -585,6 +612,12 @@ class BackendResult:
     pikku: Side
     statements: dict[str, list[str]]
     row_check: dict[str, int]
+    starting_runs: dict[str, Any]
+
+    @property
+    def runs_started_per_s(self) -> float:
+        seconds = self.starting_runs["seconds"]
+        return self.starting_runs["runs_started"] / seconds if seconds else 0.0
 
     @property
     def ratio(self) -> float:
@@ -609,6 +642,11 @@ class BackendResult:
                 for k, v in self.statements.items()
             },
             "row_check": self.row_check,
+            "worker_starting_runs": {
+                **self.starting_runs,
+                "runs_per_s": round(self.runs_started_per_s, 1),
+                "info_only": True,
+            },
         }
 
 
@@ -652,6 +690,7 @@ def as_result(raw: dict[str, Any]) -> BackendResult:
         pikku=sides["pikku"],
         statements=raw["statements"],
         row_check=raw["row_check"],
+        starting_runs=raw["starting_runs"],
     )
 
 
@@ -730,6 +769,12 @@ def format_tables(
     out = table(rows, right={1, 2, 3, 4, 5})
     for name, reason in skipped.items():
         out.append(f"{TITLES[name]}: skipped, {reason}")
+    for r in results:
+        out.append(
+            f"{TITLES[r.backend]}, then a worker thread starts the stored events' runs "
+            f"[info]: {r.starting_runs['runs_started']:,} in {r.starting_runs['seconds']:.2f} s, "
+            f"{r.runs_started_per_s:,.0f} runs/s"
+        )
     out.append("")
     vrows = [(f"verification, GitHub preset, {body_size:,}-byte body", "µs/request")]
     for f in verify:

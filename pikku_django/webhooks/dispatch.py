@@ -13,7 +13,13 @@ from django.db import DataError, IntegrityError
 from pikku_django.conf import pikku_settings
 from pikku_django.models import WebhookReceipt
 from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, event_json, handler_for
-from pikku_django.webhooks.sql import Gate, NewEvent, idempotency_key, store_event
+from pikku_django.webhooks.sql import (
+    Gate,
+    NewEvent,
+    idempotency_key,
+    start_waiting_runs_postgresql,
+    store_event,
+)
 from pikku_django.workflows.registry import get_step, step, workflow
 
 if TYPE_CHECKING:
@@ -146,6 +152,13 @@ def start_waiting_runs(engine: WorkflowEngine, limit: int = 100) -> int:
     receipts = WebhookReceipt.objects.using(engine.using)
     if not waiting_receipts(engine).exists():  # the usual answer, without a transaction
         return 0
+    if engine.vendor == "postgresql":
+        linked, started = start_waiting_runs_postgresql(
+            engine.using, limit, now=engine.clock.now(), notify=bool(pikku_settings.WORKER_NOTIFY)
+        )
+        if linked:
+            logger.info("Started %d run(s) for %d stored webhook event(s)", started, linked)
+        return linked
     started = 0
     with engine.claims_serialised(), engine.atomic():
         waiting = list(
