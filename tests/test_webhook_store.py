@@ -266,24 +266,32 @@ def test_a_rolled_back_transaction_takes_the_receipt_back(vendor: str, settings:
     assert not WebhookReceipt.objects.using(alias).exists()
 
 
-@on_databases(*VENDORS)
-def test_the_same_event_delivered_twice_at_once_is_stored_once(vendor: str, settings: Any) -> None:
-    alias = workflow_database(vendor, settings)
-    start = threading.Barrier(4)
-    results: list[bool] = []
+def at_once(alias: str, threads: int, work: Any) -> list[Any]:
+    """``work()`` in ``threads`` threads started together: what each returned (or raised)."""
+    start = threading.Barrier(threads)
+    results: list[Any] = []
 
-    def deliver() -> None:
+    def run() -> None:
         try:
             start.wait()
-            results.append(store_event(alias, new_event("race"), notify=True))
+            results.append(work())
+        except Exception as exc:  # handed back to the test
+            results.append(exc)
         finally:
             connections[alias].close()
 
-    threads = [threading.Thread(target=deliver) for _ in range(4)]
-    for thread in threads:
+    started = [threading.Thread(target=run) for _ in range(threads)]
+    for thread in started:
         thread.start()
-    for thread in threads:
+    for thread in started:
         thread.join()
+    return results
+
+
+@on_databases(*VENDORS)
+def test_the_same_event_delivered_twice_at_once_is_stored_once(vendor: str, settings: Any) -> None:
+    alias = workflow_database(vendor, settings)
+    results = at_once(alias, 4, lambda: store_event(alias, new_event("race"), notify=True))
     assert sorted(results) == [False, False, False, True]
     assert WebhookReceipt.objects.using(alias).count() == 1
 
@@ -293,27 +301,16 @@ def test_workers_starting_runs_at_once_start_each_run_once(vendor: str, settings
     alias = workflow_database(vendor, settings)
     for n in range(40):
         assert store_event(alias, new_event(f"w-{n}"), notify=True)
-    start = threading.Barrier(3)
-    counts: list[int] = []
-    errors: list[BaseException] = []
 
-    def promote() -> None:
-        try:
-            start.wait()
-            engine = get_engine()
-            while engine.start_waiting_runs(limit=5):
-                counts.append(1)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-        finally:
-            connections[alias].close()
+    def promote() -> int:
+        engine, linked = get_engine(), 0
+        while done := engine.start_waiting_runs(limit=5):
+            linked += done
+        return linked
 
-    threads = [threading.Thread(target=promote) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    results = at_once(alias, 3, promote)
+    assert all(isinstance(linked, int) for linked in results), results  # no thread raised
+    assert sum(results) == 40
     runs = WorkflowRun.objects.using(alias)
     assert runs.count() == 40
     receipts = WebhookReceipt.objects.using(alias)
