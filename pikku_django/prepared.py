@@ -12,8 +12,10 @@ query log see every statement, and driver errors become Django's.
 from __future__ import annotations
 
 import functools
+import operator
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connections
@@ -30,13 +32,7 @@ def fetch_on(connection: Any, sql: str, params: list[Any]) -> list[Any]:
     """:func:`fetch` on a connection object (``connections[using]``)."""
     vendor = connection.vendor
     if vendor == "sqlite":
-        with connection.wrap_database_errors:
-            cursor = _sqlite_cursor(connection)
-            try:
-                _logged(connection, cursor, sql, params, _qmark(sql))
-                return cursor.fetchall()
-            finally:
-                cursor.close()
+        return _run_on_sqlite(connection, sql, params, _ROWS)
     if vendor != "postgresql" or not pikku_settings.PREPARED_STATEMENTS:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -79,12 +75,23 @@ def _logged(
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
 
 
-def _sqlite_cursor(connection: Any) -> Any:
-    """A cursor of the driver's connection, as Django's own cursor() would check it
-    (connected, not in a broken transaction); call inside ``wrap_database_errors``."""
-    connection.ensure_connection()
-    connection.validate_no_broken_transaction()
-    return connection.connection.cursor()
+#: What a statement run on SQLite's driver cursor hands back: its rows, or its row count.
+_ROWS = operator.methodcaller("fetchall")
+_ROWCOUNT = operator.attrgetter("rowcount")
+
+
+def _run_on_sqlite(connection: Any, sql: str, params: Any, result: Callable[[Any], Any]) -> Any:
+    """``result(cursor)`` of the driver's cursor, having run ``sql`` in the connection's
+    transaction (if any), checked as Django's own cursor() checks it."""
+    with connection.wrap_database_errors:
+        connection.ensure_connection()
+        connection.validate_no_broken_transaction()
+        cursor = connection.connection.cursor()
+        try:
+            _logged(connection, cursor, sql, params, _qmark(sql))
+            return result(cursor)
+        finally:
+            cursor.close()
 
 
 @functools.lru_cache(maxsize=64)
@@ -97,13 +104,7 @@ def fetch_nothing_on(connection: Any, sql: str, params: list[Any]) -> int:
     """Run a statement that returns no rows on a connection object, as :func:`fetch_on`
     runs one: the number of rows it changed."""
     if connection.vendor == "sqlite":
-        with connection.wrap_database_errors:
-            cursor = _sqlite_cursor(connection)
-            try:
-                _logged(connection, cursor, sql, params, _qmark(sql))
-                return int(cursor.rowcount)
-            finally:
-                cursor.close()
+        return int(_run_on_sqlite(connection, sql, params, _ROWCOUNT))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
