@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import logging
 from typing import Any
 
 from django.conf import settings
@@ -9,6 +11,8 @@ from django.core import checks
 
 from pikku_django.conf import DEFAULTS, pikku_settings
 from pikku_django.leases.registry import BACKENDS
+
+logger = logging.getLogger(__name__)
 
 
 @checks.register(checks.Tags.compatibility)
@@ -28,7 +32,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return [
         checks.Warning(
             f"settings.PIKKU has an unknown key {key!r}; it is ignored.",
-            hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+            hint=closest_key_hint(key),
             id="pikku_django.W001",
         )
         for key in sorted(set(raw) - set(DEFAULTS))
@@ -289,6 +293,64 @@ def check_database_state(
                     hint="Set it in the admin (Credential values), with `manage.py "
                     f"pikku_credentials set {source.credential}`, or in PIKKU['CREDENTIALS'].",
                     id="pikku_django.W006",
+                )
+            )
+    return messages
+
+
+def closest_key_hint(key: object) -> str:
+    """The hint for an unknown ``PIKKU`` key: the known key it is closest to, if any."""
+    close = difflib.get_close_matches(str(key).upper(), DEFAULTS, n=1, cutoff=0.6)
+    if close:
+        return f"Did you mean {close[0]!r}?"
+    return "See the settings reference for the keys pikku_django knows."
+
+
+@checks.register(checks.Tags.compatibility)
+def check_staticfiles(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The admin's styles and the run page's live panel are static files."""
+    from django.apps import apps
+
+    if apps.is_installed("django.contrib.staticfiles"):
+        return []
+    return [
+        checks.Warning(
+            "django.contrib.staticfiles is not in INSTALLED_APPS: pikku_django's admin "
+            "screens are unstyled and the run page's live panel stays off.",
+            hint='Add "django.contrib.staticfiles" to INSTALLED_APPS (and set STATIC_URL).',
+            id="pikku_django.W009",
+        )
+    ]
+
+
+@checks.register(checks.Tags.compatibility)
+def check_migrations_applied(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Unapplied migrations, reported by every command's checks, not only ``--database``.
+
+    Says nothing when the database cannot be reached (a build step without one);
+    ``check --database`` reports that, and runs :func:`check_database_state` instead.
+    """
+    from pikku_django.schema import pending_migrations, pikku_databases
+
+    messages: list[checks.CheckMessage] = []
+    for alias in pikku_databases():
+        if alias not in settings.DATABASES or (databases and alias in databases):
+            continue
+        try:
+            pending = pending_migrations(alias)
+        except Exception:  # unreachable, or database access is not allowed here
+            logger.debug("Could not read the migration state of %r", alias, exc_info=True)
+            continue
+        if pending:
+            option = "" if alias == "default" else f" --database {alias}"
+            messages.append(
+                checks.Warning(
+                    f"{len(pending)} pikku_django migration(s) are not applied on {alias!r}: "
+                    "workflows, leases and webhooks fail until they are.",
+                    hint=f"Run: python manage.py migrate{option}",
+                    id="pikku_django.W007",
                 )
             )
     return messages

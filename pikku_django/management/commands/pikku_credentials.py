@@ -14,6 +14,7 @@ from django.utils import timezone
 from pikku_django.conf import pikku_settings
 from pikku_django.management.commands.pikku_sources import format_table, yes_no
 from pikku_django.models import CredentialValue
+from pikku_django.schema import require_migrated
 from pikku_django.webhooks.credentials import rotate_encryption, set_credential
 from pikku_django.webhooks.sources import sources
 
@@ -82,6 +83,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_migrated()
         subcommand = options["subcommand"]
         if subcommand == "set":
             self.set_value(options["name"], options["replace"], options.get("stdin"))

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from pikku_django.conf import pikku_settings
 from pikku_django.models import TERMINAL_RUN_STATUSES, WebhookReceipt, WorkflowRun, WorkflowStep
+from pikku_django.schema import require_migrated
 from pikku_django.workflows.durations import parse_duration
 
 logger = logging.getLogger("pikku_django.prune")
@@ -42,6 +43,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_migrated(options["database"])
         try:
             age = parse_duration(options["older_than"], what="--older-than")
         except ValueError as exc:

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from pikku_django.models import TriggerSource
+from pikku_django.schema import require_migrated
 from pikku_django.webhooks import lifecycle
 from pikku_django.webhooks.lifecycle import Outcome, SourceError
 
@@ -113,6 +114,7 @@ class Command(BaseCommand):
         reconcile.add_argument("--label-prefix", metavar="P", help=LABEL_HELP)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_migrated()
         subcommand = options["subcommand"]
         if subcommand == "list":
             self.show_table(lifecycle.sync())

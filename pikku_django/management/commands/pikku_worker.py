@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from pikku_django.conf import pikku_settings
+from pikku_django.schema import require_migrated
 from pikku_django.workflows.engine import WorkflowEngine
 from pikku_django.workflows.worker import Worker
 
@@ -78,6 +79,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_migrated(options["database"])
         concurrency = options["concurrency"]
         if concurrency is None:
             concurrency = pikku_settings.WORKER_CONCURRENCY
