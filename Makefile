@@ -1,7 +1,8 @@
 # The two commands a newcomer needs:
 #   make demo   run the example project's story on SQLite (Ctrl-C stops it)
-#   make test   run the test suite (Python 3.11 + Django 5.2, then the newest Django on Python 3.12+)
-# Both create their virtualenvs and install what they need.
+#   make test   lint, build the docs, run the test suite (Python 3.11 + Django 5.2, then the
+#               newest Django on Python 3.12+)
+# Both create their virtualenvs and install what they need (the demo only the demo extra).
 
 # A Python 3.11 for the oldest supported pair, and 3.12+ for the newest Django.
 find_python = $(shell for c in $(1); do $$c -c 'import sys; sys.exit(not ($(2)))' 2>/dev/null \
@@ -13,7 +14,7 @@ PYTHON_LATEST ?= $(call find_python,python3.13 python3.12 $$HOME/.pyenv/versions
 VENV := .venv
 VENV_LATEST := .venv-latest
 
-.PHONY: demo demo-leases serve test test-main test-latest lint bench bench-throughput \
+.PHONY: demo demo-leases serve docs test test-main test-latest lint bench bench-throughput \
 	bench-chaos bench-webhooks bench-recovery clean
 
 $(VENV)/.installed: pyproject.toml
@@ -31,17 +32,27 @@ $(VENV_LATEST)/.installed: pyproject.toml
 	$(VENV_LATEST)/bin/pip install -q -U --upgrade-strategy only-if-needed Django
 	touch $@
 
-demo: $(VENV)/.installed
+# The demo's own install: the demo extra only (Django and cryptography; SQLite needs no
+# driver), so nothing compiles. `make test` later adds the dev extra to the same .venv.
+$(VENV)/.demo-installed: pyproject.toml
+	@test -n "$(PYTHON)" || { echo "No Python 3.11+ found: install one or set PYTHON=/path/to/python3.11"; exit 1; }
+	@test -x $(VENV)/bin/python || { echo "Creating the virtualenv $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	@echo "Installing pikku-django with the demo extra into $(VENV) (Django, cryptography)"
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[demo]"
+	@touch $@
+
+demo: $(VENV)/.demo-installed
+	@echo "Starting the story in example_project/ (manage.py story); Ctrl-C stops it"
 	cd example_project && ../$(VENV)/bin/python manage.py story
 
-demo-leases: $(VENV)/.installed
+demo-leases: $(VENV)/.demo-installed
 	cd example_project && ../$(VENV)/bin/python manage.py migrate --no-input -v 0
 	cd example_project && ../$(VENV)/bin/python manage.py lease_demo
 	cd example_project && ../$(VENV)/bin/python manage.py place_order 42 1999
 	cd example_project && ../$(VENV)/bin/python manage.py pikku_worker --until-idle
 	cd example_project && ../$(VENV)/bin/python manage.py order_status
 
-serve: $(VENV)/.installed
+serve: $(VENV)/.demo-installed
 	cd example_project && ../$(VENV)/bin/python manage.py migrate --no-input -v 0
 	cd example_project && ../$(VENV)/bin/python manage.py runserver
 
@@ -57,7 +68,10 @@ test-latest: $(VENV_LATEST)/.installed
 	$(VENV_LATEST)/bin/python -c "import django, sys; print('Python', sys.version.split()[0], 'Django', django.__version__)"
 	PIKKU_TEST_BACKENDS=sqlite,postgres $(VENV_LATEST)/bin/pytest
 
-test: lint test-main test-latest
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+test: lint docs test-main test-latest
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/leases.py
@@ -81,4 +95,4 @@ bench-recovery: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/recovery.py --trials 5 --lease-ms 5000
 
 clean:
-	rm -rf $(VENV) $(VENV_LATEST) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VENV_LATEST) .pytest_cache .ruff_cache .hypothesis site
