@@ -1,5 +1,9 @@
-"""Reading README.md for tests/test_readme.py: its code blocks, sections and tables,
-and the checkers for each kind of sample.
+"""Reading README.md and every docs/ page for tests/test_readme.py: their code blocks,
+sections and tables, and the checkers for each kind of sample.
+
+A page's samples build on the module samples above them on the same page; a page whose
+samples also use another page's modules says so in a comment of its own,
+``<!-- samples use: guides/workflows.md -->`` (paths under docs/).
 
 A fenced block's language decides how it is checked:
 
@@ -33,6 +37,19 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MKDOCS_YML = ROOT / "mkdocs.yml"
+
+
+def documents() -> list[Path]:
+    """Every Markdown file whose samples the suite runs: the README, then docs/."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
 EXAMPLE_PROJECT = ROOT / "example_project"
 
 #: Languages a block may have, and how each is checked.
@@ -77,16 +94,22 @@ _PATH_HEADER = re.compile(r"^#\s+(?P<path>[\w./-]+\.(?:py|service))\s*$")
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced code block of the README."""
+    """One fenced code block of a document."""
 
     language: str
     code: str
-    line: int  # the README line of the block's first code line
+    line: int  # the document's line of the block's first code line
     heading: str  # the nearest heading above it
+    source: Path = README
+
+    @property
+    def where(self) -> str:
+        return f"{relative(self.source)} line {self.line}"
 
     @property
     def id(self) -> str:
-        return f"{self.language or 'none'}-line{self.line}"
+        name = relative(self.source).removeprefix("docs/").removesuffix(".md")
+        return f"{name}:{self.language or 'none'}-line{self.line}"
 
     @property
     def path(self) -> str | None:
@@ -114,8 +137,8 @@ class Block:
         return self.path.removesuffix(".py").replace("/", ".")
 
     def compiled(self) -> types.CodeType:
-        """The code compiled so that tracebacks point at README lines."""
-        return compile("\n" * (self.line - 1) + self.code, str(README), "exec")
+        """The code compiled so that tracebacks point at the document's lines."""
+        return compile("\n" * (self.line - 1) + self.code, str(self.source), "exec")
 
     def defines_test_classes(self) -> bool:
         tree = ast.parse(self.code)
@@ -124,13 +147,13 @@ class Block:
         )
 
 
-def readme_text() -> str:
-    return README.read_text(encoding="utf-8")
+def readme_text(source: Path = README) -> str:
+    return source.read_text(encoding="utf-8")
 
 
-def read_blocks(text: str | None = None) -> list[Block]:
+def read_blocks(text: str | None = None, source: Path = README) -> list[Block]:
     """Every fenced block, in order; a fence left open is an error."""
-    lines = (readme_text() if text is None else text).split("\n")
+    lines = (readme_text(source) if text is None else text).split("\n")
     blocks: list[Block] = []
     heading = ""
     i = 0
@@ -147,15 +170,34 @@ def read_blocks(text: str | None = None) -> list[Block]:
         while end < len(lines) and lines[end].rstrip() != "```":
             end += 1
         if end == len(lines):
-            raise AssertionError(f"README.md line {i + 1}: a code block is never closed")
+            raise AssertionError(f"{relative(source)} line {i + 1}: a code block is never closed")
         code = "\n".join(lines[start:end])
-        blocks.append(Block(fence["lang"], code, start + 1, heading))
+        blocks.append(Block(fence["lang"], code, start + 1, heading, source))
         i = end + 1
     return blocks
 
 
+def all_blocks() -> list[Block]:
+    """The blocks of every document, document by document."""
+    return [block for path in documents() for block in read_blocks(source=path)]
+
+
+_USES = re.compile(r"<!--\s*samples use:\s*(?P<pages>[^>]*?)\s*-->")
+
+
+def pages_used(source: Path) -> list[Path]:
+    """The docs pages whose module samples ``source``'s samples also use."""
+    found = []
+    for match in _USES.finditer(readme_text(source)):
+        for name in match["pages"].replace(",", " ").split():
+            page = DOCS / name
+            assert page.is_file(), f"{relative(source)}: samples use {name}, which does not exist"
+            found.append(page)
+    return found
+
+
 def strip_blocks(text: str) -> str:
-    """The README with its code blocks blanked out (line numbers kept)."""
+    """A document with its code blocks blanked out (line numbers kept)."""
     out: list[str] = []
     inside = False
     for line in text.split("\n"):
@@ -190,7 +232,7 @@ def section(title: str, text: str | None = None) -> str:
         elif start is not None and level is not None and len(match["level"]) <= level:
             return "\n".join(lines[start:i])
     if start is None:
-        raise AssertionError(f"README.md has no section {title!r}")
+        raise AssertionError(f"no section {title!r}")
     return "\n".join(lines[start:])
 
 
@@ -235,7 +277,7 @@ def unquote(cell: str) -> str:
 
 
 class ReadmeModules:
-    """The README's module samples, installed in ``sys.modules`` while a test runs."""
+    """The documents' module samples, installed in ``sys.modules`` while a test runs."""
 
     def __init__(self) -> None:
         self.installed: list[str] = []
@@ -248,14 +290,14 @@ class ReadmeModules:
             package = ".".join(parts[:i])
             if package not in sys.modules:
                 module = types.ModuleType(package)
-                module.__path__ = []  # a namespace package of README modules
+                module.__path__ = []  # a namespace package of sample modules
                 sys.modules[package] = module
                 self.installed.append(package)
         module = types.ModuleType(name)
-        module.__file__ = f"{README}:{block.line}"
+        module.__file__ = f"{block.source}:{block.line}"
         sys.modules[name] = module
         self.installed.append(name)
-        exec(block.compiled(), module.__dict__)  # noqa: S102  (the README's own sample)
+        exec(block.compiled(), module.__dict__)  # noqa: S102  (the project's own sample)
         return module
 
     def remove(self) -> None:
@@ -265,30 +307,32 @@ class ReadmeModules:
 
 
 def readme_apps(blocks: list[Block]) -> set[str]:
-    """Top-level packages of the README's module samples (its example apps)."""
+    """Top-level packages of the module samples (the documents' example apps)."""
     return {
         b.module_name.split(".")[0] for b in blocks if b.language == "python" and b.kind == "module"
     }
 
 
 def prerequisites(block: Block, blocks: list[Block]) -> list[Block]:
-    """The module samples above ``block``: a reader has written them by then."""
+    """The module samples a reader has written by ``block``: those of the pages its page
+    says it uses, then those above it on its own page."""
+    used = pages_used(block.source)
     return [
         b
         for b in blocks
         if b.language == "python"
-        and b.line < block.line
         and b.kind == "module"
         and not b.defines_test_classes()
+        and (b.source in used or (b.source == block.source and b.line < block.line))
     ]
 
 
-def call_tests(namespace: dict[str, Any]) -> list[str]:
+def call_tests(namespace: dict[str, Any], source: Path = README) -> list[str]:
     """Call every ``test_*`` function the sample itself defines; their names."""
     called = []
     for name, value in list(namespace.items()):
         code = getattr(getattr(value, "__wrapped__", value), "__code__", None)
-        if name.startswith("test_") and code is not None and code.co_filename == str(README):
+        if name.startswith("test_") and code is not None and code.co_filename == str(source):
             value()
             called.append(name)
     return called
@@ -310,7 +354,7 @@ def ruff_findings(block: Block) -> str:
             "--output-format",
             "concise",
             "--stdin-filename",
-            f"README.md-line{block.line}.py",
+            f"{relative(block.source)}-line{block.line}.py",
             "-",
         ],
         input="\n" * (block.line - 1) + block.code + "\n",
@@ -349,7 +393,7 @@ def run_test_classes(block: Block, tmp_path: Path) -> str:
     summary = done.stdout.strip().rsplit("\n", 1)[-1]
     if done.returncode != 0 or "skipped" in summary or " passed" not in summary:
         raise AssertionError(
-            f"README.md line {block.line}: pytest on the sample did not pass cleanly:\n"
+            f"{block.where}: pytest on the sample did not pass cleanly:\n"
             + done.stdout[-4000:]
             + done.stderr[-2000:]
         )
@@ -583,7 +627,7 @@ def check_shell_command(tokens: list[str], context: ShellContext, units: set[str
         assert tokens[1] == "install", "only `pip install` samples are known"
         for spec in (t for t in tokens[2:] if not t.startswith("-")):
             match = re.fullmatch(r"(?:pikku-django|\.)(?:\[(?P<extras>[\w,-]+)\])?", spec)
-            assert match, f"{spec!r}: the README installs only pikku-django (or this checkout)"
+            assert match, f"{spec!r}: the docs install only pikku-django (or this checkout)"
             extras = set((match["extras"] or "").split(",")) - {""}
             assert extras <= pyproject_extras(), f"unknown extras {extras - pyproject_extras()}"
         return "pip install"
@@ -601,6 +645,13 @@ def check_shell_command(tokens: list[str], context: ShellContext, units: set[str
         return "systemctl"
     if program in EXTERNAL_TOOLS:
         return program
+    if program == "mkdocs":
+        assert tokens[1:2] in (["build"], ["serve"]), "mkdocs build or mkdocs serve"
+        assert MKDOCS_YML.is_file(), "no mkdocs.yml"
+        return "mkdocs"
+    if program.startswith("python") and tokens[1:3] == ["-m", "venv"]:
+        assert len(tokens) == 4, "python -m venv takes the virtualenv's directory"
+        return "venv"
     if program.startswith("python"):
         script = (context.cwd / tokens[1]).resolve()
         assert script.is_file(), f"no script {tokens[1]}"
@@ -624,9 +675,7 @@ def check_shell_block(block: Block, units: set[str]) -> list[str]:
         try:
             recognised.append(check_shell_command(list(tokens), context, units))
         except AssertionError as exc:
-            raise AssertionError(
-                f"README.md line {block.line}+: `{shlex.join(tokens)}`: {exc}"
-            ) from exc
+            raise AssertionError(f"{block.where}+: `{shlex.join(tokens)}`: {exc}") from exc
     assert recognised, "a shell sample with no command"
     return recognised
 
@@ -637,7 +686,7 @@ def check_shell_block(block: Block, units: set[str]) -> list[str]:
 def parse_unit(block: Block) -> configparser.ConfigParser:
     parser = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # systemd keys keep their case
-    parser.read_string(block.code, source=f"README.md line {block.line}")
+    parser.read_string(block.code, source=block.where)
     return parser
 
 

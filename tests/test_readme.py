@@ -1,12 +1,14 @@
-"""Every code sample in README.md runs, and its reference tables match the code.
+"""Every code sample in README.md and on every docs/ page runs, and the reference
+tables match the code.
 
-One test per fenced block, named after its language and README line:
+One test per fenced block, named after its page, language and line:
 
 * ``python`` blocks are checked by ruff's pyflakes rules (undefined names, unused
   imports), then executed in a fresh namespace inside a test with a real database
-  (``transaction=True``), after the module samples above them (``# billing/workflows.py``
-  and the like) have been installed as importable modules, as they would be in a
-  project. Every ``test_*`` function a block defines is then called. A block that
+  (``transaction=True``), after the module samples above them on their page
+  (``# billing/workflows.py`` and the like), and those of the pages it says it uses,
+  have been installed as importable modules, as they would be in a project.
+  Every ``test_*`` function a block defines is then called. A block that
   defines pytest test classes (the conformance suites) is run by pytest in a process
   of its own. ``# settings.py`` blocks are executed and their ``PIKKU``, ``CACHES`` and
   ``DATABASES`` put through pikku_django's system checks; ``# urls.py`` blocks become
@@ -42,7 +44,8 @@ from pikku_django.webhooks import sources as webhook_sources
 from pikku_django.workflows import registry
 from tests import readme_support as support
 
-BLOCKS = support.read_blocks()
+BLOCKS = support.all_blocks()
+DOCS = support.DOCS
 PYTHON = [b for b in BLOCKS if b.language == "python"]
 SHELL = [b for b in BLOCKS if b.language == "sh"]
 INI = [b for b in BLOCKS if b.language == "ini"]
@@ -83,10 +86,10 @@ def no_dev_webhooks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_every_block_has_a_language_this_test_checks() -> None:
-    assert BLOCKS, "README.md has no code blocks"
-    unknown = [(b.line, b.language) for b in BLOCKS if b.language not in support.LANGUAGES]
+    assert support.read_blocks(), "README.md has no code blocks"
+    unknown = [(b.where, b.language) for b in BLOCKS if b.language not in support.LANGUAGES]
     assert not unknown, (
-        f"blocks (line, language) this test does not know how to check: {unknown}; "
+        f"blocks (where, language) this test does not know how to check: {unknown}; "
         f"use one of {sorted(support.LANGUAGES)}"
     )
 
@@ -96,7 +99,7 @@ def test_every_python_block_is_valid_python() -> None:
         try:
             ast.parse(block.code)
         except SyntaxError as exc:
-            raise AssertionError(f"README.md line {block.line}: {exc}") from exc
+            raise AssertionError(f"{block.where}: {exc}") from exc
 
 
 @pytest.mark.django_db(transaction=True)
@@ -114,7 +117,7 @@ def test_python_sample_runs(
         isolated.install(earlier)
     if block.kind == "settings":
         namespace: dict[str, Any] = {"__name__": f"readme_settings_{block.line}"}
-        exec(block.compiled(), namespace)  # noqa: S102  (the README's own sample)
+        exec(block.compiled(), namespace)  # noqa: S102  (the project's own sample)
         support.check_settings_namespace(namespace, support.readme_apps(BLOCKS))
         return
     if block.kind == "urls":
@@ -124,8 +127,8 @@ def test_python_sample_runs(
         namespace = isolated.install(block).__dict__
     else:
         namespace = {"__name__": f"readme_snippet_{block.line}"}
-        exec(block.compiled(), namespace)  # noqa: S102  (the README's own sample)
-    called = support.call_tests(namespace)
+        exec(block.compiled(), namespace)  # noqa: S102  (the project's own sample)
+    called = support.call_tests(namespace, block.source)
     if block.path and block.path.rsplit("/", 1)[-1].startswith("test_"):
         assert called, "a test module sample defines no test_* function"
 
@@ -167,7 +170,7 @@ def test_text_block_is_output_not_a_hidden_command(block: support.Block) -> None
 
 
 def test_settings_table_lists_exactly_the_defaults() -> None:
-    rows = support.table_rows(support.section("Settings reference"))
+    rows = support.table_rows(support.section("Settings reference", page("reference/settings.md")))
     documented: dict[str, Any] = {}
     for cells in rows:
         key = support.unquote(cells[0])
@@ -194,7 +197,7 @@ def code_check_ids() -> set[str]:
 
 
 def test_system_checks_table_lists_exactly_the_checks() -> None:
-    rows = support.table_rows(support.section("System checks"))
+    rows = support.table_rows(support.section("System checks", page("reference/checks.md")))
     documented = [support.unquote(cells[0]) for cells in rows]
     assert len(documented) == len(set(documented)), "a check is listed twice"
     assert set(documented) == code_check_ids(), (
@@ -232,9 +235,10 @@ def pikku_commands() -> dict[str, Any]:
 
 def test_every_command_and_option_is_documented() -> None:
     commands = pikku_commands()
+    reference = page("reference/commands.md")
     documented = {
         title
-        for title in support.headings(support.section("Management commands"))
+        for title in support.headings(support.section("Management commands", reference))
         if title.startswith("pikku_")
     }
     assert documented == set(commands), (
@@ -242,7 +246,7 @@ def test_every_command_and_option_is_documented() -> None:
         f"sections for no command: {sorted(documented - set(commands))}"
     )
     for name, parser in commands.items():
-        text = support.section(name)
+        text = support.section(name, reference)
         options, subcommands = command_options(parser)
         missing = {o for o in options if not re.search(rf"{re.escape(o)}\b", text)}
         assert not missing, f"{name}: options the README leaves out: {sorted(missing)}"
@@ -252,8 +256,43 @@ def test_every_command_and_option_is_documented() -> None:
         assert not unknown, f"{name}: the README shows options it does not have: {unknown}"
 
 
-def test_internal_links_point_at_headings() -> None:
-    slugs = {support.github_slug(title) for title in support.headings()}
-    body = support.strip_blocks(support.readme_text())
-    broken = sorted(set(re.findall(r"\]\(#([^)]+)\)", body)) - slugs)
-    assert not broken, f"links to headings that do not exist: {broken}"
+def page(name: str) -> str:
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("document", support.documents(), ids=support.relative)
+def test_links_point_at_files_and_headings(document: Path) -> None:
+    """Links to a heading, a page or a file of the repository lead somewhere."""
+    body = support.strip_blocks(support.readme_text(document))
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", body):
+        if re.match(r"[a-z]+:", target):
+            continue  # an address outside the repository
+        path_part, _, anchor = target.partition("#")
+        linked = (document.parent / path_part).resolve() if path_part else document
+        if not linked.exists():
+            broken.append(target)
+            continue
+        if anchor and linked.suffix == ".md":
+            slugs = {support.github_slug(t) for t in support.headings(linked.read_text())}
+            if anchor not in slugs:
+                broken.append(target)
+    assert not broken, f"links that lead nowhere: {broken}"
+
+
+def test_every_docs_page_is_in_the_site_navigation() -> None:
+    nav = support.MKDOCS_YML.read_text(encoding="utf-8")
+    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
+    listed = set(re.findall(r":\s+([\w/.-]+\.md)\s*$", nav, re.MULTILINE))
+    assert pages == listed, (
+        f"pages not in mkdocs.yml's nav: {sorted(pages - listed)}; "
+        f"nav entries with no page: {sorted(listed - pages)}"
+    )
+
+
+def test_readme_is_short_and_starts_with_the_two_commands() -> None:
+    text = support.readme_text()
+    assert len(text.splitlines()) <= 320, "the README grows past ~300 lines: move it to docs/"
+    first_screen = "\n".join(text.splitlines()[:30])
+    assert "make demo" in first_screen
+    assert "make test" in first_screen
