@@ -37,20 +37,19 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+EXAMPLE_PROJECT = ROOT / "example_project"
 DOCS = ROOT / "docs"
 MKDOCS_YML = ROOT / "mkdocs.yml"
 
 
 def documents() -> list[Path]:
-    """Every Markdown file whose samples the suite runs: the README, then docs/."""
-    return [README, *sorted(DOCS.rglob("*.md"))]
+    """Every Markdown file whose samples the suite runs: the READMEs, then docs/."""
+    return [README, EXAMPLE_PROJECT / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
 def relative(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
-
-EXAMPLE_PROJECT = ROOT / "example_project"
 
 #: Languages a block may have, and how each is checked.
 LANGUAGES = {
@@ -669,7 +668,8 @@ def check_shell_command(tokens: list[str], context: ShellContext, units: set[str
 
 
 def check_shell_block(block: Block, units: set[str]) -> list[str]:
-    context = ShellContext()
+    # The example project's README is read in its own directory.
+    context = ShellContext(EXAMPLE_PROJECT if block.source.parent == EXAMPLE_PROJECT else ROOT)
     recognised = []
     for tokens in shell_commands(block.code):
         try:
