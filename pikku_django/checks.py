@@ -329,18 +329,20 @@ def check_migrations_applied(
 ) -> list[checks.CheckMessage]:
     """Unapplied migrations, reported by every command's checks, not only ``--database``.
 
-    Says nothing when the database cannot be reached (a build step without one);
-    ``check --database`` reports that, and runs :func:`check_database_state` instead.
+    Only where the migration state is read without a network connection (an SQLite
+    file), so that a command never waits on an unreachable server for its checks;
+    elsewhere ``check --database`` (:func:`check_database_state`) and the commands
+    themselves report it. Says nothing when the state cannot be read.
     """
-    from pikku_django.schema import pending_migrations, pikku_databases
+    from pikku_django.schema import pending_migrations_offline, pikku_databases
 
     messages: list[checks.CheckMessage] = []
     for alias in pikku_databases():
         if alias not in settings.DATABASES or (databases and alias in databases):
             continue
         try:
-            pending = pending_migrations(alias)
-        except Exception:  # unreachable, or database access is not allowed here
+            pending = pending_migrations_offline(alias)
+        except Exception:  # unreadable, or database access is not allowed here
             logger.debug("Could not read the migration state of %r", alias, exc_info=True)
             continue
         if pending:

@@ -20,6 +20,32 @@ def pending_migrations(alias: str) -> list[str]:
     return [migration.name for migration, _ in executor.migration_plan(targets)]
 
 
+def pending_migrations_offline(alias: str) -> list[str] | None:
+    """:func:`pending_migrations` for a database read without a network connection or
+    a side effect: an SQLite file. ``None`` for any other database.
+
+    An SQLite file that does not exist yet has every migration pending (it is not
+    created here).
+    """
+    from pathlib import Path
+
+    from django.conf import settings
+    from django.db.migrations.loader import MigrationLoader
+
+    database = settings.DATABASES.get(alias, {})
+    name = str(database.get("NAME") or "")
+    if "sqlite3" not in database.get("ENGINE", ""):
+        return None
+    if not name or name == ":memory:" or name.startswith("file:") or "mode=memory" in name:
+        return None
+    if not Path(name).exists():
+        loader = MigrationLoader(None, ignore_no_migrations=True)
+        return sorted(
+            migration for app, migration in loader.disk_migrations if app == "pikku_django"
+        )
+    return pending_migrations(alias)
+
+
 def pikku_databases(database: str | None = None) -> list[str]:
     """The aliases holding pikku_django's tables: workflows and, with the database
     lease backend, leases."""

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.core.management import CommandError
 
-from pikku_django import checks
+from pikku_django import checks, schema
 from pikku_django.schema import pikku_databases, require_migrated
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,6 +136,31 @@ def test_check_reports_unapplied_migrations_without_database_flag(fresh_project:
     assert (
         manage(fresh_project, "pikku_worker", "--until-idle", "--idle-grace", "0").returncode == 0
     )
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_the_check_reads_an_sqlite_file_that_is_not_there_without_creating_it(
+    settings: Any, tmp_path: Path
+) -> None:
+    missing = tmp_path / "new.sqlite3"
+    settings.DATABASES = {
+        **settings.DATABASES,
+        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(missing)},
+    }
+    (message,) = checks.check_migrations_applied()
+    assert message.id == "pikku_django.W007"
+    assert message.hint == "Run: python manage.py migrate"
+    assert not missing.exists()
+
+
+def test_the_check_never_connects_to_a_database_server(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read: list[str] = []
+    monkeypatch.setattr(schema, "pending_migrations", lambda alias: read.append(alias) or [])
+    settings.PIKKU = {"WORKFLOW_DATABASE": "postgres", "LEASE_DATABASE": "mariadb"}
+    assert checks.check_migrations_applied() == []
+    assert read == []  # left to `check --database` and to the commands
 
 
 @pytest.mark.django_db
