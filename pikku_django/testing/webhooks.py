@@ -100,24 +100,19 @@ class WebhookSigner(ABC):
         body: Body,
         *,
         content_type: str = "application/json",
+        timestamp: int | None = None,
+        delivery_id: str | None = None,
+        extra: Mapping[str, str] | None = None,
         **options: Any,
     ) -> Any:
         """POST ``body`` to ``path`` with a Django test ``client``, signed; the response.
 
-        ``timestamp``, ``delivery_id`` and ``extra`` go to :meth:`headers`; any other
-        option goes to ``client.post``.
+        ``timestamp``, ``delivery_id`` and ``extra`` are as for :meth:`headers`; other
+        options go to ``client.post``.
         """
-        header_options = {
-            k: options.pop(k) for k in ("timestamp", "delivery_id", "extra") if k in options
-        }
         data = encode_body(body)
-        return client.post(
-            path,
-            data,
-            content_type=content_type,
-            headers=self.headers(data, **header_options),
-            **options,
-        )
+        headers = self.headers(data, timestamp=timestamp, delivery_id=delivery_id, extra=extra)
+        return client.post(path, data, content_type=content_type, headers=headers, **options)
 
     @abstractmethod
     def _sign(self, body: bytes, timestamp: int, delivery_id: str) -> dict[str, str]:
