@@ -25,7 +25,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [
             checks.Error(
                 "settings.PIKKU must be a dict.",
-                hint="Set PIKKU = {...} with the keys listed in the pikku_django README.",
+                hint="Set PIKKU = {...} with the keys listed in the settings reference.",
                 id="pikku_django.E001",
             )
         ]
