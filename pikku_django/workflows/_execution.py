@@ -1,0 +1,193 @@
+"""Executing a claimed step: call its function, get a typed outcome, settle it fenced."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.utils import timezone
+
+from pikku_django.models import StepStatus
+from pikku_django.workflows import registry
+from pikku_django.workflows._options import retry_delay_for
+from pikku_django.workflows._runs import RunStates
+from pikku_django.workflows._values import (
+    CarriedRun,
+    ClaimedStep,
+    Settled,
+    StepOutcome,
+    Wake,
+    to_json,
+)
+from pikku_django.workflows.errors import (
+    NotSerializableError,
+    StepFunctionNotFoundError,
+    WorkflowStepSupersededError,
+    serialize_error,
+)
+from pikku_django.workflows.logcontext import log_context, workflow_logger
+
+logger = workflow_logger(__name__)
+
+
+class Execution:
+    """Runs claimed steps; every write carries the attempt that made it."""
+
+    def __init__(self, states: RunStates) -> None:
+        self.states = states
+        self.store = states.store
+        self.clock = states.clock
+
+    # -- fenced writes ---------------------------------------------------------------
+
+    def set_result(
+        self, step_id: int, result: Any, attempt: int, *, wake: Wake = Wake.NOW
+    ) -> Settled | None:
+        """Record the result of ``attempt``; WorkflowStepSupersededError if it was
+        replaced. None when the result was not storable and failed the step instead."""
+        try:
+            payload = to_json(result, f"The result of step {step_id}")
+        except NotSerializableError as exc:
+            self.set_error(step_id, exc, attempt, wake=wake, final=True)
+            return None
+        settled = self.store.settle(
+            step_id,
+            attempt,
+            StepStatus.SUCCEEDED,
+            result=payload,
+            wake=wake,
+            wake_at=self.clock.now(),
+        )
+        if settled is None:
+            raise WorkflowStepSupersededError(step_id, attempt)
+        return settled
+
+    def set_error(
+        self,
+        step_id: int,
+        error: BaseException | dict[str, Any],
+        attempt: int,
+        *,
+        wake: Wake = Wake.NOW,
+        final: bool = False,
+    ) -> bool:
+        """Record that ``attempt`` failed; True if no attempt is left. ``wake`` applies
+        once no attempt is left. WorkflowStepSupersededError if the attempt was replaced."""
+        data = serialize_error(error) if isinstance(error, BaseException) else dict(error)
+        step = (
+            self.store.steps().filter(id=step_id).only("retries", "retry_delay", "backoff").first()
+        )
+        if step is None:
+            raise WorkflowStepSupersededError(step_id, attempt)
+        exhausted = final or attempt >= step.attempts_allowed
+        now = self.clock.now()
+        retry_at = None if exhausted else now + retry_delay_for(step, attempt)
+        settled = self.store.settle(
+            step_id,
+            attempt,
+            StepStatus.FAILED,
+            error=data,
+            available_at=retry_at,
+            # A final failure spends the remaining attempts, so nothing retries it.
+            retries=attempt - 1 if final else None,
+            wake=wake if exhausted else Wake.PASS,
+            wake_at=now,
+        )
+        if settled is None:
+            raise WorkflowStepSupersededError(step_id, attempt)
+        if not exhausted:
+            self.store.notify()
+        return exhausted
+
+    # -- executing ------------------------------------------------------------------
+
+    def execute_step(self, claimed: ClaimedStep, *, wake: Wake = Wake.NOW) -> StepOutcome:
+        """Run a claimed queued step by its registered function."""
+        definition = registry.get_step(claimed.function)
+        with log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt):
+            if definition is None:
+                return self._function_missing(claimed)
+            return self._run(claimed, definition.fn, wake)
+
+    def execute(self, claimed: ClaimedStep, fn: Callable[..., Any], wake: Wake) -> StepOutcome:
+        """Run a claimed step by ``fn`` (an inline step's callable)."""
+        with log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt):
+            return self._run(claimed, fn, wake)
+
+    def _run(self, claimed: ClaimedStep, fn: Callable[..., Any], wake: Wake) -> StepOutcome:
+        what = f"The result of step {claimed.name!r}"
+        try:
+            if claimed.transactional:
+                # The function's writes and the fenced result commit together, or
+                # not at all: a superseded attempt's writes roll back.
+                with self.store.atomic():
+                    result = to_json(registry.call_step_function(fn, claimed.input), what)
+                    settled = self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+            else:
+                result = to_json(registry.call_step_function(fn, claimed.input), what)
+                settled = self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+            if claimed.carried is not None and settled is not None:
+                _carry_result(claimed, claimed.carried, settled)
+        except WorkflowStepSupersededError as exc:
+            logger.warning("%s: its result was not recorded", exc)
+            return StepOutcome.SUPERSEDED
+        except StepFunctionNotFoundError:
+            return self._function_missing(claimed)
+        except Exception as exc:
+            try:
+                exhausted = self.set_error(
+                    claimed.step_id,
+                    exc,
+                    claimed.attempt,
+                    wake=wake,
+                    final=isinstance(exc, NotSerializableError),
+                )
+            except WorkflowStepSupersededError as superseded:
+                logger.warning("%s: its error was not recorded", superseded)
+                return StepOutcome.SUPERSEDED
+            logger.info("Step %s attempt %d failed: %s", claimed.name, claimed.attempt, exc)
+            return StepOutcome.FAILED if exhausted else StepOutcome.RETRYING
+        return StepOutcome.SUCCEEDED
+
+    def _function_missing(self, claimed: ClaimedStep) -> StepOutcome:
+        """The current attempt's function is missing: suspend the run (RPC_NOT_FOUND)."""
+        error = serialize_error(StepFunctionNotFoundError(claimed.function))
+        with self.store.atomic():
+            won = (
+                self.store.steps()
+                .filter(id=claimed.step_id, attempt=claimed.attempt, status=StepStatus.RUNNING)
+                .update(
+                    status=StepStatus.SUSPENDED,
+                    error=error,
+                    lease_expires_at=None,
+                    attempt=claimed.attempt - 1,
+                    updated_at=timezone.now(),
+                )
+            )
+            if won:
+                self.store.attempts().filter(
+                    step_id=claimed.step_id, attempt=claimed.attempt
+                ).delete()
+        if not won:
+            logger.warning(
+                "Superseded attempt %d of step %s found no function %r; left to its new owner",
+                claimed.attempt,
+                claimed.name,
+                claimed.function,
+            )
+            return StepOutcome.SUPERSEDED
+        run = self.store.runs().get(id=claimed.run_id)
+        self.states.suspend(run, f"RPC_NOT_FOUND: {error['message']}")
+        return StepOutcome.SUSPENDED
+
+
+def _carry_result(claimed: ClaimedStep, carried: CarriedRun, settled: Settled) -> None:
+    """Bring the carried run up to date with its claimed step's success, and with its
+    run as the settle found it (cancelled meanwhile, or woken)."""
+    step = carried.steps.get(claimed.name)
+    if step is None or step.id != claimed.step_id:
+        return
+    step.status, step.attempt = StepStatus.SUCCEEDED, claimed.attempt
+    step.result, step.error = settled.result, None
+    step.lease_expires_at = step.available_at = None
+    carried.run.status, carried.run.wakes = settled.run_status, settled.run_wakes
