@@ -118,7 +118,7 @@ def test_a_pass_with_a_claimer_stores_the_step_it_reaches_claimed(engine: Workfl
     row = engine.steps().get(id=claimed.step_id)
     assert (row.status, row.attempt, row.available_at) == (StepStatus.RUNNING, 1, None)
     now = store_now_ms(engine.using)
-    assert now < row.lease_expires_at <= now + engine.lease_ms_for_queue("default") + 1000
+    assert now < row.lease_expires_at <= now + engine.config.lease_ms_for_queue("default") + 1000
     [attempt] = engine.attempts().filter(step_id=row.id)
     assert (attempt.attempt, attempt.status, attempt.worker) == (1, StepStatus.RUNNING, "host:1:2")
     # Parked: nothing wakes the run until its step settles.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from django.db import DataError
 
@@ -14,12 +14,9 @@ from pikku_django.conf import pikku_settings
 from pikku_django.models import WebhookReceipt
 from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, event_json, handler_for
 from pikku_django.webhooks.sql import RECEIPTS_WAITING, Gate, NewEvent, idempotency_key, store_event
-from pikku_django.workflows.intake import register_intake
+from pikku_django.workflows.intake import RunStarter, register_intake
 from pikku_django.workflows.registry import get_step, step, workflow
 from pikku_django.workflows.store import NewRun
-
-if TYPE_CHECKING:
-    from pikku_django.workflows.engine import WorkflowEngine
 
 logger = logging.getLogger(__name__)
 
@@ -130,14 +127,14 @@ def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> Outcome:
     return "redelivery"
 
 
-def waiting_receipts(engine: WorkflowEngine) -> Any:
+def waiting_receipts(engine: RunStarter) -> Any:
     """The receipts whose run a worker has yet to start."""
     return WebhookReceipt.objects.using(engine.using).filter(
         run_id__isnull=True, input__isnull=False
     )
 
 
-def start_waiting_runs(engine: WorkflowEngine, limit: int = 100) -> int:
+def start_waiting_runs(engine: RunStarter, limit: int = 100) -> int:
     """Start the run of each stored event still waiting for one, oldest first (at most
     ``limit``): how many receipts now have their run.
 
@@ -148,7 +145,7 @@ def start_waiting_runs(engine: WorkflowEngine, limit: int = 100) -> int:
     """
     if not waiting_receipts(engine).exists():  # the usual answer, without a transaction
         return 0
-    with engine.claims_serialised(), engine.atomic():
+    with engine.store.claims_serialised(), engine.store.atomic():
         waiting = list(
             waiting_receipts(engine)
             .order_by("id")
@@ -180,10 +177,10 @@ class ReceiptIntake:
     name = "pikku.webhooks"
     notify_payload: str | None = RECEIPTS_WAITING
 
-    def start_waiting(self, engine: WorkflowEngine, limit: int) -> int:
+    def start_waiting(self, engine: RunStarter, limit: int) -> int:
         return start_waiting_runs(engine, limit)
 
-    def has_waiting(self, engine: WorkflowEngine) -> bool:
+    def has_waiting(self, engine: RunStarter) -> bool:
         return bool(waiting_receipts(engine).exists())
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -88,13 +87,14 @@ class WorkflowEngine:
             )
         self._leases = leases
         self.clock = clock or Clock()
-        self.store: WorkflowStore = store_for(self.using, self._get_config)
+        settings = lambda: self._config or engine_config()  # noqa: E731
+        self.store: WorkflowStore = store_for(self.using, settings)
         self._states = RunStates(self.store, self.clock)
         self._lifecycle = RunLifecycle(self._states)
-        self._claims = Claims(self._states, self._get_config)
+        self._claims = Claims(self._states, settings)
         self._execution = Execution(self._states)
         self._inline_steps = InlineSteps(self._states, self._claims, self._execution)
-        self._replay = Replay(self._inline_steps, self._get_config, self.run_lease)
+        self._replay = Replay(self._inline_steps, settings, self.run_lease)
         self._driver = InlineDriver(self._claims, self._execution, self.orchestrate, self.get_run)
 
     # -- plumbing ---------------------------------------------------------------
@@ -102,9 +102,6 @@ class WorkflowEngine:
     @property
     def config(self) -> EngineConfig:
         """The settings this engine runs by."""
-        return self._config or engine_config()
-
-    def _get_config(self) -> EngineConfig:
         return self._config or engine_config()
 
     @property
@@ -115,10 +112,6 @@ class WorkflowEngine:
             self._leases = get_lease_service()
         return self._leases
 
-    @property
-    def vendor(self) -> str:
-        return str(connections[self.using].vendor)
-
     def runs(self) -> QuerySet[WorkflowRun]:
         return self.store.runs()
 
@@ -127,20 +120,6 @@ class WorkflowEngine:
 
     def attempts(self) -> QuerySet[StepAttempt]:
         return self.store.attempts()
-
-    def atomic(self) -> AbstractContextManager[Any]:
-        return self.store.atomic()
-
-    def notify(self) -> None:
-        """Tell idle workers there is new work (PostgreSQL; others poll)."""
-        self.store.notify()
-
-    def claims_serialised(self) -> AbstractContextManager[Any]:
-        """A lock that one process's claims take in turn on SQLite (a no-op elsewhere)."""
-        return self.store.claims_serialised()
-
-    def lease_ms_for_queue(self, queue: str) -> int:
-        return self.config.lease_ms_for_queue(queue)
 
     # -- starting, resuming, cancelling ---------------------------------------------
 

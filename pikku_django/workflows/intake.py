@@ -10,10 +10,20 @@ writes run rows.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+import uuid
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from pikku_django.workflows.engine import WorkflowEngine
+from pikku_django.workflows.store import NewRun, WorkflowStore
+
+
+class RunStarter(Protocol):
+    """What an intake is handed to start runs with (a WorkflowEngine)."""
+
+    using: str
+    store: WorkflowStore
+
+    def create_runs(self, runs: Sequence[NewRun]) -> list[uuid.UUID]: ...
 
 
 @runtime_checkable
@@ -26,12 +36,12 @@ class Intake(Protocol):
     #: has work (PostgreSQL), or None when it is only polled.
     notify_payload: str | None
 
-    def start_waiting(self, engine: WorkflowEngine, limit: int) -> int:
+    def start_waiting(self, engine: RunStarter, limit: int) -> int:
         """Start the runs of up to ``limit`` waiting items: how many now have their run.
         A full batch (``limit``) makes the worker look again at once."""
         ...
 
-    def has_waiting(self, engine: WorkflowEngine) -> bool:
+    def has_waiting(self, engine: RunStarter) -> bool:
         """Whether any item waits for its run (a cheap look)."""
         ...
 

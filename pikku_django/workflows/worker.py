@@ -16,11 +16,11 @@ from django.db import close_old_connections, connections
 from pikku_django.conf import pikku_settings
 from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError, hold_lease
 from pikku_django.models import RunStatus
-from pikku_django.timers import call_later
 from pikku_django.workflows._values import StepOutcome, Wake
 from pikku_django.workflows.engine import CarriedRun, ClaimedStep, StepClaimer, WorkflowEngine
 from pikku_django.workflows.intake import intakes
 from pikku_django.workflows.logcontext import log_context, workflow_logger
+from pikku_django.workflows.step_lease import keep_step_lease
 from pikku_django.workflows.store import CHANNEL
 
 logger = workflow_logger(__name__)
@@ -29,88 +29,8 @@ logger = workflow_logger(__name__)
 #: back to the queue (one long run must not keep a thread from the others).
 CHAIN_SECONDS = 0.25
 
-#: Leases shorter than this still renew every half lease, with one warning.
-SHORT_LEASE_MS = 1_000
-_warned_short_lease = False
-
 #: How many waiting items of each intake one look starts runs for.
 INTAKE_BATCH = 100
-
-
-def renewal_interval_s(lease_ms: int) -> float:
-    """Seconds between renewals of a step lease: at most half the lease."""
-    return max(0.001, lease_ms / 2 / 1000)
-
-
-@contextmanager
-def keep_step_lease(engine: WorkflowEngine, claimed: ClaimedStep) -> Iterator[threading.Event]:
-    """Renew a claimed step's lease every half lease while the block runs.
-
-    Yields an Event set once a renewal reports that a newer attempt replaced
-    this one; renewal then stops (the attempt's writes will be refused).
-    """
-    global _warned_short_lease
-    if claimed.lease_ms < SHORT_LEASE_MS and not _warned_short_lease:
-        _warned_short_lease = True
-        logger.warning(
-            "Step lease of %d ms on queue %r is under a second; renewing every %d ms",
-            claimed.lease_ms,
-            claimed.queue,
-            claimed.lease_ms // 2,
-        )
-    superseded = threading.Event()
-    stop = threading.Event()
-    lock = threading.Lock()
-    renewing: list[threading.Thread] = []
-    interval = renewal_interval_s(claimed.lease_ms)
-
-    def renew() -> None:
-        with lock:
-            if stop.is_set():
-                return
-            renewing.append(threading.current_thread())
-        try:
-            while True:
-                try:
-                    held = engine.refresh_step_lease(
-                        claimed.step_id, claimed.lease_ms, claimed.attempt
-                    )
-                except Exception:
-                    logger.warning(
-                        "Renewing the lease of step %s failed; will retry",
-                        claimed.name,
-                        exc_info=True,
-                    )
-                else:
-                    if not held:
-                        logger.warning(
-                            "Step %s attempt %d was claimed by a newer attempt; "
-                            "its outcome will not be recorded",
-                            claimed.name,
-                            claimed.attempt,
-                        )
-                        superseded.set()
-                        return
-                if stop.wait(interval):
-                    return
-        except BaseException:
-            logger.exception("The lease renewal of step %s died", claimed.name)
-        finally:
-            connections.close_all()
-
-    # No thread until the first renewal is due (half a lease after the claim, not
-    # after this block began): most steps finish before it.
-    first = max(0.0, interval - (time.monotonic() - claimed.claimed_at))
-    timer = call_later(first, renew, name=f"pikku-step-lease:{claimed.step_id}")
-    try:
-        yield superseded
-    finally:
-        stop.set()
-        timer.cancel()
-        with lock:
-            threads = list(renewing)
-        for thread in threads:
-            thread.join()
 
 
 def wake_stalled_runs(engine: WorkflowEngine, stalled_after: float, limit: int = 500) -> int:
@@ -193,7 +113,7 @@ class Worker:
                 for i in range(self.concurrency)
             ]
             listener = None
-            if self.notify and self.engine.vendor == "postgresql":
+            if self.notify and self.engine.store.vendor == "postgresql":
                 listener = threading.Thread(
                     target=self._listen, name="pikku-worker-listen", daemon=True
                 )
@@ -294,7 +214,7 @@ class Worker:
 
     @contextmanager
     def _single_sqlite_worker(self) -> Iterator[HeldLease | None]:
-        if self.engine.vendor != "sqlite":
+        if self.engine.store.vendor != "sqlite":
             yield None
             return
         key = f"pikku-worker:sqlite:{connections[self.engine.using].settings_dict['NAME']}"[:255]

@@ -49,6 +49,9 @@ class WorkflowStore(abc.ABC):
     """The workflow tables' operations on one database (``using``)."""
 
     vendor: str = ""
+    #: Whether :meth:`ready_steps_exist` says no only when no step is ready (else it
+    #: may say yes to let the claim's own query decide).
+    exact_ready_look: bool = False
 
     def __init__(self, using: str, config: Callable[[], EngineConfig] = engine_config) -> None:
         self.using = using

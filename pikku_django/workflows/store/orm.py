@@ -179,6 +179,10 @@ class OrmStore(WorkflowStore):
             self.attempts().filter(step_id=step_id, attempt=attempt).update(
                 status=status, finished_at=now, result=result, error=error
             )
+            # The run as it was before any wake this settle makes.
+            run_status, run_wakes = (
+                self.runs().filter(id=run_id).values_list("status", "wakes").get()
+            )
             if wake is Wake.NOW:
                 woken = (
                     self.runs()
@@ -187,9 +191,6 @@ class OrmStore(WorkflowStore):
                 )
                 if woken:
                     self.notify()
-            run_status, run_wakes = (
-                self.runs().filter(id=run_id).values_list("status", "wakes").get()
-            )
         return Settled(run_id, run_status, run_wakes, self.as_stored(step_id, "result", result))
 
     def claim_attempt(self, step: WorkflowStep, guard: Q, *, lease_ms: int, worker: str) -> bool:

@@ -191,6 +191,7 @@ class PostgresStore(OrmStore):
     """PostgreSQL: the hot path as single statements, and LISTEN/NOTIFY."""
 
     vendor = "postgresql"
+    exact_ready_look = True
 
     def _sql(self, name: str) -> str:
         return _statements()[name]
