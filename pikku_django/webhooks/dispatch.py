@@ -64,6 +64,7 @@ def new_events(
             continue
         provider_id = provider_id_for(event, delivery_id, body)
         text = event_json(event)
+        data_json: str | None
         try:
             if text is not None:
                 data_json, checked = text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from typing import cast
 
 from django.db.models import Q
 from django.utils import timezone
@@ -61,7 +62,7 @@ class Claims:
         step = (
             self.store.steps()
             .annotate(store_now=EpochMs())
-            .filter(run_id=run_id, name=step_name)
+            .filter(run_id=cast(uuid.UUID, run_id), name=step_name)
             .select_related("run")
             .first()
         )

@@ -32,7 +32,7 @@ def columns(model: type[models.Model], names: Sequence[str], quote: Callable[[st
     by_name = {f.name: f for f in meta.concrete_fields} | {
         f.attname: f for f in meta.concrete_fields
     }
-    return ", ".join(quote(by_name[name].column) for name in names)
+    return ", ".join(quote(str(by_name[name].column)) for name in names)
 
 
 @dataclass(frozen=True)

@@ -286,7 +286,8 @@ class OrmStore(WorkflowStore):
             .filter(waiting(), run_id__in=list(run_ids))
             .aggregate(at=Min("available_at"))
         )
-        return found["at"]
+        at: datetime | None = found["at"]
+        return at
 
     def stalled_runs(self, idle_since: datetime, limit: int) -> list[uuid.UUID]:
         flying = self.steps().filter(run_id=OuterRef("id")).filter(in_flight())
@@ -359,7 +360,7 @@ class MysqlStore(OrmStore):
 
     def as_stored(self, step_id: int, field: str, value: Any) -> Any:
         # MySQL's JSON type reorders keys and normalises numbers; MariaDB keeps the text.
-        if value is None or connections[self.using].mysql_is_mariadb:
+        if value is None or getattr(connections[self.using], "mysql_is_mariadb", False):
             return value
         return self.steps().filter(id=step_id).values_list(field, flat=True).first()
 
