@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError, OperationalError
 
 from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
@@ -49,6 +50,8 @@ class Replay:
         self.states = inline.states
         self.store = inline.store
         self._config = config
+        #: Passing database errors in a row, by run (this process's own count).
+        self._transient: dict[uuid.UUID, int] = {}
         #: ``run_lease(run_id)``: the lease a pass holds, for a ``with`` block.
         self.run_lease = run_lease
 
@@ -88,9 +91,9 @@ class Replay:
                 held.vouch()
                 claimed = self._pass(run, claimer, steps)
                 held.vouch()
-        except DatabaseError:
-            logger.exception("An orchestration pass of run %s hit a database error", run.id)
-            self.states.wake_soon(run.id)
+            self._transient.pop(run.id, None)
+        except DatabaseError as exc:
+            self._pass_failed(run, exc)
         except (LeaseTakenError, LeaseLostError) as exc:
             current = self.store.runs().filter(id=run.id).only("status").first()
             if current is not None and current.status == RunStatus.RUNNING:
@@ -104,6 +107,37 @@ class Replay:
         # A step claimed by the pass is fenced by its own attempt: it runs even if
         # the run lease was lost afterwards.
         return claimed
+
+    def _pass_failed(self, run: WorkflowRun, exc: DatabaseError) -> None:
+        """A database error ended the pass: try again with backoff, and fail the run
+        once a data or programming error has ended its passes too often in a row."""
+        if is_transient(exc):
+            tries = self._transient.get(run.id, 0) + 1
+            self._transient[run.id] = tries
+            if len(self._transient) > 10_000:
+                self._transient.clear()
+            delay = min(2.0 ** (tries - 1), 30.0)
+            logger.warning(
+                "An orchestration pass of run %s hit a passing database error (%s); "
+                "trying again in %gs",
+                run.id,
+                exc,
+                delay,
+            )
+            self.states.wake_soon(run.id, timedelta(seconds=delay))
+            return
+        logger.exception("An orchestration pass of run %s hit a database error", run.id)
+        tries = self.states.count_pass_error(run.id)
+        allowed = self._config().pass_error_tries
+        if tries is not None and tries >= allowed:
+            error = serialize_error(exc)
+            error["message"] = (
+                f"{error.get('message', '')} (the run's orchestration pass hit this database "
+                f"error {tries} time(s) in a row)"
+            )
+            self.states.finish(run, RunStatus.FAILED, error=error)
+            return
+        self.states.wake_soon(run.id, timedelta(seconds=min(2.0 ** ((tries or 1) - 1), 30.0)))
 
     def _pass(
         self,
@@ -186,3 +220,26 @@ class Replay:
             queue=options.queue,
             carried=CarriedRun(run, recorder.steps),
         )
+
+
+def is_transient(exc: DatabaseError) -> bool:
+    """Whether a database error passes by itself: a lost connection, a serialization
+    failure, a deadlock or a lock wait (not bad data or a bad query)."""
+    if isinstance(exc, InterfaceError):
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    cause = exc.__cause__
+    driver = type(cause).__module__ if cause is not None else ""
+    if driver.startswith("sqlite3"):
+        # SQLite reports a missing table or a bad query as an OperationalError too.
+        return any(word in str(cause).lower() for word in ("locked", "busy", "i/o"))
+    if driver.startswith("MySQLdb"):
+        args = getattr(cause, "args", ())
+        return bool(args) and args[0] in MYSQL_TRANSIENT
+    return True  # PostgreSQL: connection, serialization, deadlock, lock and admin errors
+
+
+#: MariaDB/MySQL error codes that pass by themselves: lock wait, deadlock, too many
+#: connections, shutdown, and the client's lost or refused connection.
+MYSQL_TRANSIENT = frozenset({1205, 1213, 1040, 1053, 1927, 2002, 2003, 2006, 2013, 4031})

@@ -54,8 +54,26 @@ class RunStates:
     def park(self, run: WorkflowRun, seen_wakes: int, wake_at: datetime | None) -> None:
         """Record when the run next needs a pass, unless something woke it meanwhile."""
         self.store.runs().filter(id=run.id, status=RunStatus.RUNNING, wakes=seen_wakes).update(
-            wake_at=None if run.inline else wake_at, updated_at=timezone.now()
+            wake_at=None if run.inline else wake_at, pass_errors=0, updated_at=timezone.now()
         )
+
+    def count_pass_error(self, run_id: uuid.UUID) -> int | None:
+        """Count one more pass that a data or programming error ended: how many in a
+        row now (None if the run is no longer running, or the count failed too)."""
+        try:
+            with self.store.atomic():
+                changed = (
+                    self.store.runs()
+                    .filter(id=run_id, status=RunStatus.RUNNING)
+                    .update(pass_errors=F("pass_errors") + 1)
+                )
+                if not changed:
+                    return None
+                found = self.store.runs().filter(id=run_id).values_list("pass_errors", flat=True)
+                return int(found.get())
+        except DatabaseError:
+            logger.exception("Could not count the failed pass of run %s", run_id)
+            return None
 
     def finish(
         self, run: WorkflowRun, status: str, *, output: Any = None, error: Any = None
