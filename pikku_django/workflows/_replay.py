@@ -127,17 +127,17 @@ class Replay:
             self.states.wake_soon(run.id, timedelta(seconds=delay))
             return
         logger.exception("An orchestration pass of run %s hit a database error", run.id)
-        tries = self.states.count_pass_error(run.id)
+        counted = self.states.count_pass_error(run.id)
         allowed = self._config().pass_error_tries
-        if tries is not None and tries >= allowed:
+        if counted is not None and counted >= allowed:
             error = serialize_error(exc)
             error["message"] = (
                 f"{error.get('message', '')} (the run's orchestration pass hit this database "
-                f"error {tries} time(s) in a row)"
+                f"error {counted} time(s) in a row)"
             )
             self.states.finish(run, RunStatus.FAILED, error=error)
             return
-        self.states.wake_soon(run.id, timedelta(seconds=min(2.0 ** ((tries or 1) - 1), 30.0)))
+        self.states.wake_soon(run.id, timedelta(seconds=min(2.0 ** ((counted or 1) - 1), 30.0)))
 
     def _pass(
         self,
@@ -235,7 +235,7 @@ def is_transient(exc: DatabaseError) -> bool:
         # SQLite reports a missing table or a bad query as an OperationalError too.
         return any(word in str(cause).lower() for word in ("locked", "busy", "i/o"))
     if driver.startswith("MySQLdb"):
-        args = getattr(cause, "args", ())
+        args: tuple[Any, ...] = tuple(getattr(cause, "args", ()))
         return bool(args) and args[0] in MYSQL_TRANSIENT
     return True  # PostgreSQL: connection, serialization, deadlock, lock and admin errors
 
