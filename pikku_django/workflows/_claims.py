@@ -153,8 +153,11 @@ class Claims:
     def due_runs(self, limit: int = 1) -> list[uuid.UUID]:
         """Runs that need a pass now; each is pushed back by the pass timeout meanwhile."""
         now = self.clock.now()
-        until = now + timedelta(seconds=self.config.run_pass_timeout)
-        return self.store.claim_due_runs(now, until, limit)
+        config = self.config
+        # A pass holds the run lease: once it lapsed (the worker died mid-pass) the
+        # run may be passed again, whatever the pass timeout.
+        timeout = min(config.run_pass_timeout, config.run_lease_ms / 1000 + 5)
+        return self.store.claim_due_runs(now, now + timedelta(seconds=timeout), limit)
 
     def due_steps(
         self, queues: Iterable[str] | None = None, limit: int = 1, worker: str = ""

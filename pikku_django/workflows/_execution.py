@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
 
-from pikku_django.models import StepStatus
+from pikku_django.models import RunStatus, StepStatus
 from pikku_django.workflows import registry
 from pikku_django.workflows._options import retry_delay_for
 from pikku_django.workflows._runs import RunStates
@@ -19,6 +20,7 @@ from pikku_django.workflows._values import (
     Wake,
     to_json,
 )
+from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.errors import (
     NotSerializableError,
     StepFunctionNotFoundError,
@@ -29,14 +31,26 @@ from pikku_django.workflows.logcontext import log_context, workflow_logger
 
 logger = workflow_logger(__name__)
 
+#: How long past a lapsed run lease a run left by a dead worker falls due again.
+RECOVERY_MARGIN = timedelta(seconds=2)
+
 
 class Execution:
     """Runs claimed steps; every write carries the attempt that made it."""
 
-    def __init__(self, states: RunStates) -> None:
+    def __init__(self, states: RunStates, config: Callable[[], EngineConfig]) -> None:
         self.states = states
         self.store = states.store
         self.clock = states.clock
+        self._config = config
+
+    def _wake_at(self, wake: Wake) -> datetime:
+        """When the run falls due after a settle: now, or (``Wake.PASS``) once the
+        settling thread's run lease would have lapsed."""
+        now = self.clock.now()
+        if wake is Wake.PASS:
+            return now + timedelta(milliseconds=self._config().run_lease_ms) + RECOVERY_MARGIN
+        return now
 
     # -- fenced writes ---------------------------------------------------------------
 
@@ -56,7 +70,7 @@ class Execution:
             StepStatus.SUCCEEDED,
             result=payload,
             wake=wake,
-            wake_at=self.clock.now(),
+            wake_at=self._wake_at(wake),
         )
         if settled is None:
             raise WorkflowStepSupersededError(step_id, attempt)
@@ -90,8 +104,8 @@ class Execution:
             available_at=retry_at,
             # A final failure spends the remaining attempts, so nothing retries it.
             retries=attempt - 1 if final else None,
-            wake=wake if exhausted else Wake.PASS,
-            wake_at=now,
+            wake=wake if exhausted else Wake.NONE,
+            wake_at=self._wake_at(wake),
         )
         if settled is None:
             raise WorkflowStepSupersededError(step_id, attempt)
@@ -122,6 +136,7 @@ class Execution:
                 # not at all: a superseded attempt's writes roll back.
                 with self.store.atomic():
                     result = to_json(registry.call_step_function(fn, claimed.input), what)
+                    self._check_run_running(claimed)
                     settled = self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
             else:
                 result = to_json(registry.call_step_function(fn, claimed.input), what)
@@ -131,6 +146,8 @@ class Execution:
         except WorkflowStepSupersededError as exc:
             logger.warning("%s: its result was not recorded", exc)
             return StepOutcome.SUPERSEDED
+        except _RunStoppedError as stopped:
+            return self._run_stopped(claimed, stopped.status)
         except StepFunctionNotFoundError:
             return self._function_missing(claimed)
         except Exception as exc:
@@ -148,6 +165,45 @@ class Execution:
             logger.info("Step %s attempt %d failed: %s", claimed.name, claimed.attempt, exc)
             return StepOutcome.FAILED if exhausted else StepOutcome.RETRYING
         return StepOutcome.SUCCEEDED
+
+    def _check_run_running(self, claimed: ClaimedStep) -> None:
+        """In a transactional step's transaction: lock its run, and roll the step's
+        writes back (_RunStoppedError) unless the run is still running."""
+        status = (
+            self.store.runs()
+            .select_for_update()
+            .filter(id=claimed.run_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        if status != RunStatus.RUNNING:
+            raise _RunStoppedError(str(status))
+
+    def _run_stopped(self, claimed: ClaimedStep, status: str) -> StepOutcome:
+        """The run ended while its transactional step ran: close the attempt."""
+        logger.warning(
+            "Run %s was %s while step %s ran: its writes were rolled back",
+            claimed.run_id,
+            status,
+            claimed.name,
+        )
+        error = {
+            "type": "WorkflowRunStopped",
+            "message": f"Run {claimed.run_id} was {status} while this step ran; "
+            "the step's writes were rolled back",
+            "code": "RUN_STOPPED",
+        }
+        try:
+            self.store.settle(
+                claimed.step_id,
+                claimed.attempt,
+                StepStatus.FAILED,
+                error=error,
+                retries=claimed.attempt - 1,
+            )
+        except Exception:
+            logger.exception("Could not close step %s of stopped run", claimed.name)
+        return StepOutcome.RUN_STOPPED
 
     def _function_missing(self, claimed: ClaimedStep) -> StepOutcome:
         """The current attempt's function is missing: suspend the run (RPC_NOT_FOUND)."""
@@ -191,3 +247,11 @@ def _carry_result(claimed: ClaimedStep, carried: CarriedRun, settled: Settled) -
     step.result, step.error = settled.result, None
     step.lease_expires_at = step.available_at = None
     carried.run.status, carried.run.wakes = settled.run_status, settled.run_wakes
+
+
+class _RunStoppedError(Exception):
+    """A transactional step's run is no longer running: roll its writes back."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status

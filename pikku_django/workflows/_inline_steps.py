@@ -101,7 +101,7 @@ class InlineSteps:
             if claimed is None:
                 raise Pause(self.clock.now() + LEASE_TAKEN_RETRY)
             assert options.fn is not None
-            self.execution.execute(claimed, options.fn, Wake.PASS)
+            self.execution.execute(claimed, options.fn, Wake.NONE)
             step = self.store.steps().get(id=step.id)
             remember(step)
 

@@ -64,6 +64,9 @@ class StepOutcome(enum.StrEnum):
     SUPERSEDED = "superseded"
     #: Its function is not registered here: the run is suspended (RPC_NOT_FOUND).
     SUSPENDED = "suspended"
+    #: Its run was cancelled (or otherwise ended) while a transactional step ran: the
+    #: step's writes were rolled back.
+    RUN_STOPPED = "run_stopped"
 
 
 class Wake(enum.Enum):
@@ -71,15 +74,20 @@ class Wake(enum.Enum):
 
     #: Wake it for any worker now, and announce it.
     NOW = "now"
-    #: Leave it: the thread that settled the step passes the run next.
+    #: The thread that settled the step passes the run next; should it die first,
+    #: the run falls due for any worker once the run lease (and a margin) has passed.
     PASS = "pass"  # noqa: S105 (not a password)
+    #: Leave the run as it is (a retry is due later, or the pass is running).
+    NONE = "none"
 
     @classmethod
     def of(cls, wake: bool | str | Wake) -> Wake:
-        """``wake`` as given by callers: True (now), False or "pass" (this thread)."""
+        """``wake`` as given by callers: True (now), "pass" (this thread), False (no)."""
         if isinstance(wake, Wake):
             return wake
-        return cls.NOW if wake is True else cls.PASS
+        if wake is True:
+            return cls.NOW
+        return cls.PASS if wake == "pass" else cls.NONE
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ class WorkflowEngine:
         self._states = RunStates(self.store, self.clock)
         self._lifecycle = RunLifecycle(self._states)
         self._claims = Claims(self._states, settings)
-        self._execution = Execution(self._states)
+        self._execution = Execution(self._states, settings)
         self._inline_steps = InlineSteps(self._states, self._claims, self._execution)
         self._replay = Replay(self._inline_steps, settings, self.run_lease)
         self._driver = InlineDriver(self._claims, self._execution, self.orchestrate, self.get_run)

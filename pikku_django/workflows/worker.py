@@ -375,6 +375,12 @@ class Worker:
             logger.info("Run %s is orchestrated elsewhere; waking it again shortly", run_id)
             self.engine.retry_pass_soon(run_id)
             return None
+        except Exception:
+            # The lease store failed (e.g. its server restarted): the run was claimed
+            # for a pass that will not happen now, so it must fall due again soon.
+            logger.warning("Could not take the lease of run %s; waking it again shortly", run_id)
+            self.engine.retry_pass_soon(run_id)
+            raise
 
     def _give_back(self, held: HeldLease) -> None:
         """Release a run lease held across passes; each pass vouched for itself."""

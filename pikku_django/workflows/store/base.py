@@ -127,12 +127,13 @@ class WorkflowStore(abc.ABC):
         error: Any = None,
         available_at: datetime | None = None,
         retries: int | None = None,
-        wake: Wake = Wake.PASS,
+        wake: Wake = Wake.NONE,
         wake_at: datetime | None = None,
     ) -> Settled | None:
         """Write an attempt's outcome on its step and history row, fenced by
-        ``attempt`` (only while the step is still running under it), and with
-        :attr:`Wake.NOW` wake its run at ``wake_at``.
+        ``attempt`` (only while the step is still running under it). With
+        :attr:`Wake.NOW` wake its run at ``wake_at`` (counted, announced); with
+        :attr:`Wake.PASS` make it due at ``wake_at`` (not counted).
 
         None if the attempt was superseded (nothing written).
         """

@@ -153,7 +153,7 @@ class OrmStore(WorkflowStore):
         error: Any = None,
         available_at: datetime | None = None,
         retries: int | None = None,
-        wake: Wake = Wake.PASS,
+        wake: Wake = Wake.NONE,
         wake_at: datetime | None = None,
     ) -> Settled | None:
         now = timezone.now()
@@ -183,13 +183,14 @@ class OrmStore(WorkflowStore):
             run_status, run_wakes = (
                 self.runs().filter(id=run_id).values_list("status", "wakes").get()
             )
-            if wake is Wake.NOW:
+            if wake is not Wake.NONE:
+                counted = 1 if wake is Wake.NOW else 0
                 woken = (
                     self.runs()
                     .filter(id=run_id, status=RunStatus.RUNNING)
-                    .update(wake_at=wake_at or now, wakes=F("wakes") + 1, updated_at=now)
+                    .update(wake_at=wake_at or now, wakes=F("wakes") + counted, updated_at=now)
                 )
-                if woken:
+                if woken and wake is Wake.NOW:
                     self.notify()
         return Settled(run_id, run_status, run_wakes, self.as_stored(step_id, "result", result))
 

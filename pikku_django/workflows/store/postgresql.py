@@ -164,7 +164,7 @@ def _statements() -> dict[str, str]:
             f"a AS (UPDATE {ATTEMPTS} SET {a('status')} = %s, {a('finished_at')} = %s, "
             f"{a('result')} = %s::jsonb, {a('error')} = %s::jsonb "
             f"WHERE {a('step_id')} = %s AND {a('attempt')} = %s AND EXISTS (SELECT 1 FROM s)), "
-            f"r AS (UPDATE {RUNS} SET {r('wake_at')} = %s, {r('wakes')} = {r('wakes')} + 1, "
+            f"r AS (UPDATE {RUNS} SET {r('wake_at')} = %s, {r('wakes')} = {r('wakes')} + %s, "
             f"{r('updated_at')} = %s WHERE %s AND {r('id')} = (SELECT run_id FROM s) "
             f"AND {r('status')} = %s RETURNING 1) "
             f"SELECT s.run_id, s.result, run.{r('status')}, run.{r('wakes')}, "
@@ -301,11 +301,12 @@ class PostgresStore(OrmStore):
         error: Any = None,
         available_at: datetime | None = None,
         retries: int | None = None,
-        wake: Wake = Wake.PASS,
+        wake: Wake = Wake.NONE,
         wake_at: datetime | None = None,
     ) -> Settled | None:
         now = timezone.now()
         waking = wake is Wake.NOW
+        touching = wake is not Wake.NONE
         res, err = _jsonb(result), _jsonb(error)
         params = [
             status,
@@ -323,9 +324,10 @@ class PostgresStore(OrmStore):
             err,
             step_id,
             attempt,
-            (wake_at or now) if waking else None,
+            (wake_at or now) if touching else None,
+            1 if waking else 0,
             now,
-            waking,
+            touching,
             RunStatus.RUNNING,
             CHANNEL,
             waking and self.notifying,
