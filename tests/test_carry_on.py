@@ -134,10 +134,13 @@ def test_carrying_a_run_step_by_step_completes_it(engine: WorkflowEngine) -> Non
         names.append(claimed.name)
         wakes = engine.get_run(run.id).wakes
         assert engine.execute_step(claimed, wake="pass") == "succeeded"
-        # Left parked for this thread to pass next: no other worker is woken (were
-        # this thread to die first, the recovery sweep would wake the run).
+        # Left for this thread to pass next: no other worker is woken, but were this
+        # thread to die first, the run falls due once its run lease would have lapsed.
         parked = engine.get_run(run.id)
-        assert (parked.wakes, parked.wake_at) == (wakes, None)
+        assert parked.wakes == wakes
+        lease = timedelta(milliseconds=engine.config.run_lease_ms)
+        assert parked.wake_at is not None
+        assert engine.clock.now() + lease < parked.wake_at <= engine.clock.now() + 2 * lease
         assert engine.claim_due_runs(1) == []
         claimed = engine.orchestrate(run.id, claimer=CLAIMER)
     run = engine.get_run(run.id)
@@ -390,7 +393,10 @@ def test_claiming_due_runs_pushes_each_back_by_the_pass_timeout(engine: Workflow
     first, second = engine.start(three), engine.start(three)
     claimed = engine.claim_due_runs(5)
     assert sorted(claimed) == sorted([first.id, second.id])
-    until = engine.clock.now() + timedelta(seconds=300)
+    # The pass timeout, but no longer than the run lease the pass holds (and a margin).
+    config = engine.config
+    timeout = min(config.run_pass_timeout, config.run_lease_ms / 1000 + 5)
+    until = engine.clock.now() + timedelta(seconds=timeout)
     assert {engine.get_run(r).wake_at for r in claimed} == {until}
     assert engine.claim_due_runs(5) == []
 

@@ -92,6 +92,12 @@ class WorkflowRun(models.Model):
         indexes = (
             models.Index(fields=("status", "wake_at"), name="pikku_run_due"),
             models.Index(fields=("created_at",), name="pikku_run_created"),
+            # Claiming due runs: running worker runs by when they are due.
+            models.Index(
+                fields=("wake_at",),
+                name="pikku_run_wake",
+                condition=models.Q(status="running", inline=False),
+            ),
             # The stalled-run sweep: running runs nothing has woken, by last change.
             models.Index(
                 fields=("updated_at",),
@@ -171,6 +177,14 @@ class WorkflowStep(models.Model):
                 fields=("lease_expires_at",),
                 name="pikku_step_held",
                 condition=models.Q(kind="queued", status="running"),
+            ),
+            # A run's steps that are not done yet (the stalled-run sweep's look).
+            models.Index(
+                fields=("run",),
+                name="pikku_step_open",
+                condition=models.Q(
+                    status__in=("scheduled", "pending", "suspended", "failed", "running")
+                ),
             ),
         )
 

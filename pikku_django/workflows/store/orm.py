@@ -296,6 +296,7 @@ class OrmStore(WorkflowStore):
             self.worker_runs()
             .filter(wake_at__isnull=True, updated_at__lt=idle_since)
             .exclude(Exists(flying))
+            .order_by()
             .values_list("id", flat=True)[:limit]
         )
 

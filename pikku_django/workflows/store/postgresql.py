@@ -75,23 +75,40 @@ def _c(model: type[Any], name: str) -> str:
 RUNS, STEPS, ATTEMPTS = _t(WorkflowRun), _t(WorkflowStep), _t(StepAttempt)
 
 
-def _ready_sql() -> str:
-    """The one rule of a ready step, as SQL: two ``%s`` for ``now``."""
+def _ready_branches() -> list[tuple[str, str]]:
+    """The one rule of a ready step, as SQL: each branch's condition (the first two
+    take ``now`` as a parameter) and the column its index orders it by."""
 
     def s(name: str) -> str:
         return _c(WorkflowStep, name)
 
-    return (
-        f"(({s('status')} IN ('{StepStatus.SCHEDULED}', '{StepStatus.PENDING}') "
-        f"AND {s('available_at')} <= %s) "
-        f"OR ({s('status')} = '{StepStatus.FAILED}' AND {s('attempt')} < {s('retries')} + 1 "
-        f"AND {s('available_at')} <= %s) "
-        f"OR ({s('status')} = '{StepStatus.RUNNING}' "
-        f"AND {s('lease_expires_at')} < {POSTGRESQL_NOW_MS}))"
+    return [
+        (
+            f"{s('status')} IN ('{StepStatus.SCHEDULED}', '{StepStatus.PENDING}') "
+            f"AND {s('available_at')} <= %s",
+            s("available_at"),
+        ),
+        (
+            f"{s('status')} = '{StepStatus.FAILED}' AND {s('attempt')} < {s('retries')} + 1 "
+            f"AND {s('available_at')} <= %s",
+            s("available_at"),
+        ),
+        (
+            f"{s('status')} = '{StepStatus.RUNNING}' "
+            f"AND {s('lease_expires_at')} < {POSTGRESQL_NOW_MS}",
+            s("lease_expires_at"),
+        ),
+    ]
+
+
+def _ready_exists(queue: str) -> str:
+    """Whether a queued step is ready: one EXISTS per branch, each read in its
+    partial index's order, so that even a generic plan takes the index."""
+    kind = f"{_c(WorkflowStep, 'kind')} = '{StepKind.QUEUED}'"
+    return "SELECT " + " OR ".join(
+        f"EXISTS (SELECT 1 FROM {STEPS} WHERE {kind} AND {cond}{queue} ORDER BY {order} LIMIT 1)"
+        for cond, order in _ready_branches()
     )
-
-
-READY = _ready_sql()
 
 
 @functools.cache
@@ -117,14 +134,14 @@ def _statements() -> dict[str, str]:
     return {
         "claim_due_runs": (
             f"UPDATE {RUNS} SET {r('wake_at')} = %s WHERE {r('id')} IN ("
-            f"SELECT {r('id')} FROM {RUNS} WHERE {r('status')} = %s AND NOT {r('inline')} "
+            f"SELECT {r('id')} FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
+            f"AND NOT {r('inline')} "
             f"AND {r('wake_at')} <= %s ORDER BY {r('wake_at')} LIMIT %s "
             f"FOR UPDATE SKIP LOCKED) RETURNING {r('id')}"
         ),
-        "ready_steps_exist": (
-            f"SELECT 1 FROM {STEPS} WHERE {s('kind')} = '{StepKind.QUEUED}' AND {READY} "
-            f"AND (%s OR {s('queue')} = ANY(%s)) LIMIT 1"
-        ),
+        # One statement per shape, so that a generic plan fits each.
+        "ready_steps_exist": _ready_exists(""),
+        "ready_steps_exist_on": _ready_exists(f" AND {s('queue')} = ANY(%s)"),
         "finish_run": (
             f"WITH p AS (SELECT EXISTS (SELECT 1 FROM {STEPS} WHERE {s('child_run')} = %s "
             f"AND {s('status')} = %s) AS waiting), "
@@ -203,16 +220,16 @@ class PostgresStore(OrmStore):
             cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
 
     def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID]:
-        rows = fetch(
-            self.using, self._sql("claim_due_runs"), [until, RunStatus.RUNNING, now, limit]
-        )
+        rows = fetch(self.using, self._sql("claim_due_runs"), [until, now, limit])
         return [row[0] for row in rows]
 
     def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
-        found = fetch_one(
-            self.using, self._sql("ready_steps_exist"), [now, now, not queues, list(queues)]
-        )
-        return found is not None
+        if queues:
+            served = list(queues)
+            sql, params = self._sql("ready_steps_exist_on"), [now, served, now, served, served]
+        else:
+            sql, params = self._sql("ready_steps_exist"), [now, now]
+        return bool(fetch_one(self.using, sql, params)[0])
 
     def finish_run(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool | None:
         # Only a run no parent step waits on: a parent's step settles in the same
