@@ -18,7 +18,7 @@ from pikku_django.workflows import (
     step,
     workflow,
 )
-from pikku_django.workflows._replay import is_transient
+from pikku_django.workflows._dberrors import is_transient
 from tests.conftest import database_alias, on_databases
 
 VENDORS = ("sqlite", "postgres", "mariadb")
@@ -42,6 +42,11 @@ def nul_echo() -> str:
     return "a\x00b"
 
 
+@step(name="pe_ok")
+def ok() -> str:
+    return "ok"
+
+
 @workflow(name="pe_nul")
 def nul(ctx: WorkflowContext, inp: dict[str, Any]) -> Any:
     """Makes a value with a NUL character where ``inp["where"]`` says."""
@@ -51,6 +56,8 @@ def nul(ctx: WorkflowContext, inp: dict[str, Any]) -> Any:
         return ctx.do("queued", "pe_nul_echo")
     if inp["where"] == "resume":
         return ctx.suspend("waiting")
+    if inp["where"] == "queued-ok":
+        return ctx.do("queued", "pe_ok")
     return {"list": ["a\x00b"]}
 
 
@@ -121,3 +128,30 @@ def test_database_errors_are_classified() -> None:
 
     assert not is_transient(wrapped(ValueError("x"), DataError))
     assert not is_transient(wrapped(ValueError("x"), ProgrammingError))
+
+
+@on_databases(*VENDORS)
+def test_a_deadlock_on_a_settle_is_retried_without_spending_an_attempt(
+    vendor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    engine, _ = _engine(vendor)
+    real = engine.store.settle
+    failures = []
+
+    def deadlocked_once(*args: Any, **kwargs: Any) -> Any:
+        if not failures:
+            failures.append(1)
+            exc = OperationalError("database is locked (as a deadlock would be)")
+            exc.__cause__ = sqlite3.OperationalError("database is locked")
+            raise exc
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.store, "settle", deadlocked_once)
+    run = engine.start(nul, {"where": "queued-ok"})
+    engine.run_until_idle()
+    assert failures == [1]
+    row = engine.steps().get(run_id=run.id)
+    assert (row.status, row.attempt) == (StepStatus.SUCCEEDED, 1)
+    assert engine.get_run(run.id).status == RunStatus.COMPLETED

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepStatus
 from pikku_django.workflows import registry
+from pikku_django.workflows._dberrors import retrying
 from pikku_django.workflows._options import retry_delay_for
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._values import (
@@ -130,17 +131,24 @@ class Execution:
 
     def _run(self, claimed: ClaimedStep, fn: Callable[..., Any], wake: Wake) -> StepOutcome:
         what = f"The result of step {claimed.name!r}"
+
+        def transaction() -> Settled | None:
+            # The function's writes and the fenced result commit together, or not at
+            # all: a superseded attempt's (or a stopped run's) writes roll back.
+            with self.store.atomic():
+                result = to_json(registry.call_step_function(fn, claimed.input), what)
+                self._check_run_running(claimed)
+                return self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+
         try:
             if claimed.transactional:
-                # The function's writes and the fenced result commit together, or
-                # not at all: a superseded attempt's writes roll back.
-                with self.store.atomic():
-                    result = to_json(registry.call_step_function(fn, claimed.input), what)
-                    self._check_run_running(claimed)
-                    settled = self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+                # A deadlock or lock wait rolls it all back: made again, same attempt.
+                settled = retrying(transaction)
             else:
                 result = to_json(registry.call_step_function(fn, claimed.input), what)
-                settled = self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+                settled = retrying(
+                    lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+                )
             if claimed.carried is not None and settled is not None:
                 _carry_result(claimed, claimed.carried, settled)
         except WorkflowStepSupersededError as exc:
@@ -152,12 +160,15 @@ class Execution:
             return self._function_missing(claimed)
         except Exception as exc:
             try:
-                exhausted = self.set_error(
-                    claimed.step_id,
-                    exc,
-                    claimed.attempt,
-                    wake=wake,
-                    final=isinstance(exc, NotSerializableError),
+                failure: Exception = exc
+                exhausted = retrying(
+                    lambda: self.set_error(
+                        claimed.step_id,
+                        failure,
+                        claimed.attempt,
+                        wake=wake,
+                        final=isinstance(failure, NotSerializableError),
+                    )
                 )
             except WorkflowStepSupersededError as superseded:
                 logger.warning("%s: its error was not recorded", superseded)

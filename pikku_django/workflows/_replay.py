@@ -8,11 +8,12 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError
 
 from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import registry
+from pikku_django.workflows._dberrors import is_transient
 from pikku_django.workflows._inline_steps import InlineSteps
 from pikku_django.workflows._recorder import StepRecorder
 from pikku_django.workflows._values import (
@@ -220,26 +221,3 @@ class Replay:
             queue=options.queue,
             carried=CarriedRun(run, recorder.steps),
         )
-
-
-def is_transient(exc: DatabaseError) -> bool:
-    """Whether a database error passes by itself: a lost connection, a serialization
-    failure, a deadlock or a lock wait (not bad data or a bad query)."""
-    if isinstance(exc, InterfaceError):
-        return True
-    if not isinstance(exc, OperationalError):
-        return False
-    cause = exc.__cause__
-    driver = type(cause).__module__ if cause is not None else ""
-    if driver.startswith("sqlite3"):
-        # SQLite reports a missing table or a bad query as an OperationalError too.
-        return any(word in str(cause).lower() for word in ("locked", "busy", "i/o"))
-    if driver.startswith("MySQLdb"):
-        args: tuple[Any, ...] = tuple(getattr(cause, "args", ()))
-        return bool(args) and args[0] in MYSQL_TRANSIENT
-    return True  # PostgreSQL: connection, serialization, deadlock, lock and admin errors
-
-
-#: MariaDB/MySQL error codes that pass by themselves: lock wait, deadlock, too many
-#: connections, shutdown, and the client's lost or refused connection.
-MYSQL_TRANSIENT = frozenset({1205, 1213, 1040, 1053, 1927, 2002, 2003, 2006, 2013, 4031})
