@@ -14,7 +14,7 @@ PYTHON_LATEST ?= $(call find_python,python3.13 python3.12 $$HOME/.pyenv/versions
 VENV := .venv
 VENV_LATEST := .venv-latest
 
-.PHONY: demo demo-leases serve docs test test-main test-latest lint bench bench-throughput \
+.PHONY: demo demo-leases serve docs test test-main test-latest lint typecheck bench bench-throughput \
 	bench-chaos bench-webhooks bench-recovery clean
 
 $(VENV)/.installed: pyproject.toml
@@ -60,6 +60,10 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# mypy (strict, with django-stubs) on pikku_django; its configuration is in pyproject.toml.
+typecheck: $(VENV)/.installed
+	$(VENV)/bin/mypy
+
 test-main: $(VENV)/.installed
 	$(VENV)/bin/python -c "import django, sys; print('Python', sys.version.split()[0], 'Django', django.__version__)"
 	$(VENV)/bin/pytest
@@ -71,7 +75,7 @@ test-latest: $(VENV_LATEST)/.installed
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-test: lint docs test-main test-latest
+test: lint typecheck docs test-main test-latest
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/leases.py

@@ -61,6 +61,15 @@ DEFAULTS: dict[str, Any] = {
     # (Steps whose worker died are reclaimed as soon as their lease lapses.)
     "RECOVERY_INTERVAL": 30.0,
     "STALLED_RUN_AFTER": 300.0,
+    # How many times an orchestration pass that hits a data or programming error
+    # (a value the database refuses, a missing table) is tried before its run fails
+    # with that error. Connection, serialization and deadlock errors retry with
+    # backoff and never fail the run.
+    "PASS_ERROR_TRIES": 3,
+    # pikku_worker: a thread that settles a step carries its run on to the next
+    # pass itself (under the run lease it kept), instead of queueing the run for
+    # any worker. Off: every pass is claimed from the runs table.
+    "CARRY_RUNS": True,
     # Fernet keys that encrypt stored credentials (webhook secrets): the first
     # encrypts, all decrypt. Empty: one key derived from SECRET_KEY.
     "CREDENTIAL_KEYS": [],
@@ -119,7 +128,3 @@ pikku_settings = PikkuSettings()
 def _reset_on_change(*, setting: str, **kwargs: Any) -> None:
     if setting == "PIKKU":
         pikku_settings.reset()
-    if setting in ("PIKKU", "DATABASES", "CACHES"):
-        from pikku_django.leases.registry import reset_lease_service
-
-        reset_lease_service()

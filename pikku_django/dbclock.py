@@ -26,14 +26,14 @@ class EpochMs(Expression):
 
     output_field = BigIntegerField()
 
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
-        return "%s", [process_now_ms()]
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        return "%s", (process_now_ms(),)
 
-    def as_postgresql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
-        return POSTGRESQL_NOW_MS, []
+    def as_postgresql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        return POSTGRESQL_NOW_MS, ()
 
-    def as_mysql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
-        return MYSQL_NOW_MS, []
+    def as_mysql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        return MYSQL_NOW_MS, ()
 
 
 def store_now_ms(using: str) -> int:

@@ -32,11 +32,11 @@ def fetch_on(connection: Any, sql: str, params: list[Any]) -> list[Any]:
     """:func:`fetch` on a connection object (``connections[using]``)."""
     vendor = connection.vendor
     if vendor == "sqlite":
-        return _run_on_sqlite(connection, sql, params, _ROWS)
+        return list(_run_on_sqlite(connection, sql, params, _ROWS))
     if vendor != "postgresql" or not pikku_settings.PREPARED_STATEMENTS:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchall()
+            return list(cursor.fetchall())
     import psycopg
 
     with connection.wrap_database_errors:

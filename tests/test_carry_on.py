@@ -24,7 +24,8 @@ from pikku_django.workflows import worker as worker_module
 from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.engine import StepClaimer
 from pikku_django.workflows.errors import StepFunctionNotFoundError
-from pikku_django.workflows.sql import NewStep, PostgresStepWrites, Settled
+from pikku_django.workflows.store import NewStep, Settled
+from pikku_django.workflows.store.postgresql import PostgresStore
 from pikku_django.workflows.worker import Worker
 from tests.conftest import database_alias, db_mark
 
@@ -117,7 +118,7 @@ def test_a_pass_with_a_claimer_stores_the_step_it_reaches_claimed(engine: Workfl
     row = engine.steps().get(id=claimed.step_id)
     assert (row.status, row.attempt, row.available_at) == (StepStatus.RUNNING, 1, None)
     now = store_now_ms(engine.using)
-    assert now < row.lease_expires_at <= now + engine.lease_ms_for_queue("default") + 1000
+    assert now < row.lease_expires_at <= now + engine.config.lease_ms_for_queue("default") + 1000
     [attempt] = engine.attempts().filter(step_id=row.id)
     assert (attempt.attempt, attempt.status, attempt.worker) == (1, StepStatus.RUNNING, "host:1:2")
     # Parked: nothing wakes the run until its step settles.
@@ -133,10 +134,13 @@ def test_carrying_a_run_step_by_step_completes_it(engine: WorkflowEngine) -> Non
         names.append(claimed.name)
         wakes = engine.get_run(run.id).wakes
         assert engine.execute_step(claimed, wake="pass") == "succeeded"
-        # Left parked for this thread to pass next: no other worker is woken (were
-        # this thread to die first, the recovery sweep would wake the run).
+        # Left for this thread to pass next: no other worker is woken, but were this
+        # thread to die first, the run falls due once its run lease would have lapsed.
         parked = engine.get_run(run.id)
-        assert (parked.wakes, parked.wake_at) == (wakes, None)
+        assert parked.wakes == wakes
+        lease = timedelta(milliseconds=engine.config.run_lease_ms)
+        assert parked.wake_at is not None
+        assert engine.clock.now() + lease < parked.wake_at <= engine.clock.now() + 2 * lease
         assert engine.claim_due_runs(1) == []
         claimed = engine.orchestrate(run.id, claimer=CLAIMER)
     run = engine.get_run(run.id)
@@ -163,7 +167,7 @@ def test_a_claimed_step_is_not_stored_for_a_run_that_stopped_running(
     run = engine.start(three)
     engine.cancel(run.id)
     new = _new_step(run.id, "late")
-    assert engine.writes.insert_claimed(new, lease_ms=5000, worker="w", park_wakes=0) is None
+    assert engine.store.insert_claimed(new, lease_ms=5000, worker="w", park_wakes=0) is None
     assert not engine.steps().filter(run_id=run.id).exists()
 
 
@@ -173,7 +177,7 @@ def test_a_claimed_step_that_exists_is_left_alone(engine: WorkflowEngine) -> Non
     engine.orchestrate(run_id)  # no claimer: s0 is scheduled
     before = engine.steps().get(run_id=run.id, name="s0")
     new = _new_step(run.id, "s0")
-    assert engine.writes.insert_claimed(new, lease_ms=5000, worker="w", park_wakes=0) is None
+    assert engine.store.insert_claimed(new, lease_ms=5000, worker="w", park_wakes=0) is None
     after = engine.steps().get(id=before.id)
     assert (after.status, after.attempt) == (StepStatus.SCHEDULED, 0)
     assert not engine.attempts().filter(step_id=before.id).exists()
@@ -187,8 +191,8 @@ def test_a_settle_of_a_replaced_attempt_writes_nothing(engine: WorkflowEngine) -
     engine.steps().filter(id=first.step_id).update(lease_expires_at=0)
     [second] = engine.claim_due_steps()
     assert second.attempt == 2
-    assert engine.writes.settle(first.step_id, 1, StepStatus.SUCCEEDED, result="stale") is None
-    settled = engine.writes.settle(second.step_id, 2, StepStatus.SUCCEEDED, result=2)
+    assert engine.store.settle(first.step_id, 1, StepStatus.SUCCEEDED, result="stale") is None
+    settled = engine.store.settle(second.step_id, 2, StepStatus.SUCCEEDED, result=2)
     assert settled == Settled(run_id, RunStatus.RUNNING, engine.get_run(run_id).wakes, 2)
     row = engine.steps().get(id=first.step_id)
     assert (row.status, row.result, row.lease_expires_at) == (StepStatus.SUCCEEDED, 2, None)
@@ -245,7 +249,7 @@ def test_a_transactional_inline_step_stored_elsewhere_first_rolls_back(
 
 def test_postgres_writes_are_single_statements(alias: str) -> None:
     engine = WorkflowEngine(alias)
-    assert isinstance(engine.writes, PostgresStepWrites) == (alias == database_alias("postgres"))
+    assert isinstance(engine.store, PostgresStore) == (alias == database_alias("postgres"))
 
 
 def test_a_worker_thread_carries_each_run_from_pass_to_pass(alias: str) -> None:
@@ -357,7 +361,7 @@ def test_a_carried_run_replays_results_in_stored_key_order(alias: str, wf: Any) 
 def test_postgres_statements_prepared_or_not(alias: str, prepared: bool, settings: Any) -> None:
     settings.PIKKU = {**settings.PIKKU, "PREPARED_STATEMENTS": prepared}
     engine = WorkflowEngine(alias, leases=InMemoryLeaseService())
-    assert engine.writes.prepared is prepared
+    assert engine.store.prepared is prepared
     run = engine.start(three)
     Worker(engine, concurrency=1, until_idle=True, poll_interval=0.05, idle_grace=0).run()
     assert engine.get_run(run.id).output == [0, 1, 2]
@@ -372,16 +376,16 @@ def test_postgres_statements_prepared_or_not(alias: str, prepared: bool, setting
 def test_a_look_for_ready_steps_sees_only_the_queues_asked(engine: WorkflowEngine) -> None:
     run = engine.start(three, {"queue": "mail"})
     now = engine.clock.now()
-    exact = isinstance(engine.writes, PostgresStepWrites)  # elsewhere it always says yes
-    assert engine.writes.ready_steps_exist(now, []) is not exact  # no step yet
+    exact = isinstance(engine.store, PostgresStore)  # elsewhere it always says yes
+    assert engine.store.ready_steps_exist(now, []) is not exact  # no step yet
     [run_id] = engine.claim_due_runs(1)
     engine.orchestrate(run_id)  # s0 scheduled on "mail"
-    assert engine.writes.ready_steps_exist(now, []) is True
-    assert engine.writes.ready_steps_exist(now, ["mail", "x"]) is True
-    assert engine.writes.ready_steps_exist(now, ["other"]) is not exact
+    assert engine.store.ready_steps_exist(now, []) is True
+    assert engine.store.ready_steps_exist(now, ["mail", "x"]) is True
+    assert engine.store.ready_steps_exist(now, ["other"]) is not exact
     assert engine.claim_due_steps(["other"]) == []
     engine.steps().filter(run_id=run.id).update(available_at=now + timedelta(seconds=5))
-    assert engine.writes.ready_steps_exist(now, ["mail"]) is not exact
+    assert engine.store.ready_steps_exist(now, ["mail"]) is not exact
     assert engine.claim_due_steps(["mail"]) == []
 
 
@@ -389,7 +393,10 @@ def test_claiming_due_runs_pushes_each_back_by_the_pass_timeout(engine: Workflow
     first, second = engine.start(three), engine.start(three)
     claimed = engine.claim_due_runs(5)
     assert sorted(claimed) == sorted([first.id, second.id])
-    until = engine.clock.now() + timedelta(seconds=300)
+    # The pass timeout, but no longer than the run lease the pass holds (and a margin).
+    config = engine.config
+    timeout = min(config.run_pass_timeout, config.run_lease_ms / 1000 + 5)
+    until = engine.clock.now() + timedelta(seconds=timeout)
     assert {engine.get_run(r).wake_at for r in claimed} == {until}
     assert engine.claim_due_runs(5) == []
 

@@ -33,7 +33,7 @@ from pikku_django.webhooks.lifecycle import sync
 from pikku_django.webhooks.sql import RECEIPTS_WAITING, NewEvent, store_event
 from pikku_django.workflows import get_engine
 from pikku_django.workflows.api import reset_engine
-from pikku_django.workflows.sql import CHANNEL
+from pikku_django.workflows.store import CHANNEL
 from tests import webhook_defs
 from tests.conftest import database_alias, on_databases
 

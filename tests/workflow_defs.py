@@ -209,7 +209,7 @@ def compensated_inline_wf(ctx: WorkflowContext, inp: dict[str, Any]) -> None:
     tag = inp["tag"]
 
     def undo(data: dict[str, Any]) -> str:
-        status = ctx.engine.get_run(ctx.run_id).status
+        status = type(ctx.run).objects.using(ctx.run._state.db).get(id=ctx.run_id).status
         CALLS.hit(tag, "undo", data["step"], status)
         return "undone"
 

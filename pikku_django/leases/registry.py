@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
+from pikku_django.conf import pikku_settings
 from pikku_django.leases.base import LeaseService
 
 BACKENDS = ("database", "redis", "memory")
@@ -17,8 +21,6 @@ _service: LeaseService | None = None
 
 def build_lease_service() -> LeaseService:
     """A new lease service as ``PIKKU['LEASE_BACKEND']`` describes it."""
-    from pikku_django.conf import pikku_settings
-
     backend = pikku_settings.LEASE_BACKEND
     if backend == "database":
         from pikku_django.leases.database import DatabaseLeaseService
@@ -69,3 +71,10 @@ def reset_lease_service() -> None:
         old, _service = _service, None
     if old is not None:
         old.close()
+
+
+@receiver(setting_changed)
+def _reset_on_change(*, setting: str, **kwargs: Any) -> None:
+    # After conf's own receiver (connected first, as this module imports conf).
+    if setting in ("PIKKU", "DATABASES", "CACHES"):
+        reset_lease_service()

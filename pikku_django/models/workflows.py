@@ -69,6 +69,12 @@ class WorkflowRun(models.Model):
     wakes = models.BigIntegerField(
         _("wake count"), default=0, help_text=_("raised each time something wakes the run")
     )
+    pass_errors = models.PositiveIntegerField(
+        _("pass errors"),
+        default=0,
+        db_default=0,
+        help_text=_("orchestration passes in a row that a data or programming error ended"),
+    )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
 
@@ -83,7 +89,22 @@ class WorkflowRun(models.Model):
             ),
         )
         # Lookups by workflow use the idempotency key's unique index, which starts with it.
-        indexes = (models.Index(fields=("status", "wake_at"), name="pikku_run_due"),)
+        indexes = (
+            models.Index(fields=("status", "wake_at"), name="pikku_run_due"),
+            models.Index(fields=("created_at",), name="pikku_run_created"),
+            # Claiming due runs: running worker runs by when they are due.
+            models.Index(
+                fields=("wake_at",),
+                name="pikku_run_wake",
+                condition=models.Q(status="running", inline=False),
+            ),
+            # The stalled-run sweep: running runs nothing has woken, by last change.
+            models.Index(
+                fields=("updated_at",),
+                name="pikku_run_idle",
+                condition=models.Q(status="running", wake_at__isnull=True),
+            ),
+        )
 
     def __str__(self) -> str:
         return f"{self.workflow} {self.id} ({self.status})"
@@ -140,6 +161,31 @@ class WorkflowStep(models.Model):
         indexes = (
             models.Index(fields=("queue", "status", "available_at"), name="pikku_step_ready"),
             models.Index(fields=("status", "lease_expires_at"), name="pikku_step_lease"),
+            # Each branch of the ready rule, and the next due time, over queued steps
+            # that may still run: succeeded steps (most rows) are in none of them.
+            models.Index(
+                fields=("available_at",),
+                name="pikku_step_due",
+                condition=models.Q(kind="queued", status__in=("scheduled", "pending")),
+            ),
+            models.Index(
+                fields=("available_at",),
+                name="pikku_step_retry_due",
+                condition=models.Q(kind="queued", status="failed"),
+            ),
+            models.Index(
+                fields=("lease_expires_at",),
+                name="pikku_step_held",
+                condition=models.Q(kind="queued", status="running"),
+            ),
+            # A run's steps that are not done yet (the stalled-run sweep's look).
+            models.Index(
+                fields=("run",),
+                name="pikku_step_open",
+                condition=models.Q(
+                    status__in=("scheduled", "pending", "suspended", "failed", "running")
+                ),
+            ),
         )
 
     def __str__(self) -> str:

@@ -15,6 +15,7 @@ to with committed transactions (pytest-django: ``transaction=True``)::
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -165,7 +166,10 @@ class WorkflowFencingContract:
         assert not engine.refresh_step_lease(stale.step_id, None, stale.attempt)
         assert step_of(engine, run).lease_expires_at == held, "the stale release landed"
         assert engine.refresh_step_lease(current.step_id, 10 * LEASE_MS, current.attempt)
-        assert step_of(engine, run).lease_expires_at > held
+        renewed = step_of(engine, run).lease_expires_at
+        assert renewed is not None
+        assert held is not None
+        assert renewed > held
 
     def test_stale_cannot_overwrite_succeeded_step(self, fencing_engine: WorkflowEngine) -> None:
         engine = fencing_engine
@@ -190,6 +194,7 @@ class WorkflowFencingContract:
             engine.set_step_result(stale.step_id, "stale", stale.attempt)
         step = step_of(engine, run)
         assert step.status == StepStatus.FAILED
+        assert isinstance(step.error, dict)
         assert step.error["message"] == "fresh"
         assert step.result is None
 
@@ -216,16 +221,17 @@ class WorkflowFencingContract:
                 finally:
                     connections.close_all()
 
+            stale_write: Callable[[], Any]
             if i % 2 == 0:
-                stale_write = lambda s=stale: engine.set_step_result(  # noqa: E731
-                    s.step_id, "stale", s.attempt
+                stale_write = functools.partial(
+                    engine.set_step_result, stale.step_id, "stale", stale.attempt
                 )
             else:
-                stale_write = lambda s=stale: engine.set_step_error(  # noqa: E731
-                    s.step_id, RuntimeError("stale"), s.attempt
+                stale_write = functools.partial(
+                    engine.set_step_error, stale.step_id, RuntimeError("stale"), stale.attempt
                 )
-            current_write = lambda c=current: engine.set_step_result(  # noqa: E731
-                c.step_id, "fresh", c.attempt
+            current_write = functools.partial(
+                engine.set_step_result, current.step_id, "fresh", current.attempt
             )
             order = [("current", current_write), ("stale", stale_write)]
             if i % 3 != 0:

@@ -6,24 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from django.db import DataError, IntegrityError
+from django.db import DataError
 
 from pikku_django.conf import pikku_settings
 from pikku_django.models import WebhookReceipt
 from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, event_json, handler_for
-from pikku_django.webhooks.sql import (
-    Gate,
-    NewEvent,
-    idempotency_key,
-    start_waiting_runs_postgresql,
-    store_event,
-)
+from pikku_django.webhooks.sql import RECEIPTS_WAITING, Gate, NewEvent, idempotency_key, store_event
+from pikku_django.workflows.intake import RunStarter, register_intake
 from pikku_django.workflows.registry import get_step, step, workflow
-
-if TYPE_CHECKING:
-    from pikku_django.workflows.engine import WorkflowEngine
+from pikku_django.workflows.store import NewRun
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +64,7 @@ def new_events(
             continue
         provider_id = provider_id_for(event, delivery_id, body)
         text = event_json(event)
+        data_json: str | None
         try:
             if text is not None:
                 data_json, checked = text
@@ -134,50 +128,66 @@ def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> Outcome:
     return "redelivery"
 
 
-def waiting_receipts(engine: WorkflowEngine) -> Any:
+def waiting_receipts(engine: RunStarter) -> Any:
     """The receipts whose run a worker has yet to start."""
     return WebhookReceipt.objects.using(engine.using).filter(
         run_id__isnull=True, input__isnull=False
     )
 
 
-def start_waiting_runs(engine: WorkflowEngine, limit: int = 100) -> int:
+def start_waiting_runs(engine: RunStarter, limit: int = 100) -> int:
     """Start the run of each stored event still waiting for one, oldest first (at most
     ``limit``): how many receipts now have their run.
 
-    Each receipt is linked to its new run, and its input moved to the run, in one
-    transaction; a receipt another worker is starting is skipped. Should a run with
-    the event's idempotency key exist already, the receipt is linked to it instead.
+    The receipts are locked (those another worker is starting are skipped), their
+    runs created by the engine, and each receipt linked to its run with its input
+    moved to the run, in one transaction. Should a run with the event's idempotency
+    key exist already, the receipt is linked to it instead.
     """
-    receipts = WebhookReceipt.objects.using(engine.using)
     if not waiting_receipts(engine).exists():  # the usual answer, without a transaction
         return 0
-    if engine.vendor == "postgresql":
-        linked, started = start_waiting_runs_postgresql(
-            engine.using, limit, now=engine.clock.now(), notify=bool(pikku_settings.WORKER_NOTIFY)
-        )
-        if linked:
-            logger.info("Started %d run(s) for %d stored webhook event(s)", started, linked)
-        return linked
-    started = 0
-    with engine.claims_serialised(), engine.atomic():
+    with engine.store.claims_serialised(), engine.store.atomic():
         waiting = list(
-            waiting_receipts(engine).order_by("id").select_for_update(skip_locked=True)[:limit]
+            waiting_receipts(engine)
+            .order_by("id")
+            .select_for_update(skip_locked=True)
+            .only("id", "source", "event", "provider_id", "workflow", "input")[:limit]
         )
-        for receipt in waiting:
-            key = idempotency_key(receipt.source, receipt.event, receipt.provider_id)
-            try:
-                with engine.atomic():
-                    run_id = engine.create_run(
-                        receipt.workflow, receipt.input, idempotency_key=key
-                    ).id
-                started += 1
-            except IntegrityError:  # a run with its key exists: the event's run
-                run_id = engine.runs().get(workflow=receipt.workflow, idempotency_key=key).id
-            receipts.filter(pk=receipt.pk).update(run_id=run_id, input=None)
-    if waiting:
-        logger.info("Started %d run(s) for %d stored webhook event(s)", started, len(waiting))
+        if not waiting:
+            return 0
+        run_ids = engine.create_runs(
+            [
+                NewRun(
+                    r.workflow,
+                    r.input,
+                    idempotency_key(r.source, r.event, r.provider_id),
+                )
+                for r in waiting
+            ]
+        )
+        for receipt, run_id in zip(waiting, run_ids, strict=True):
+            receipt.run_id, receipt.input = run_id, None
+        WebhookReceipt.objects.using(engine.using).bulk_update(waiting, ["run", "input"])
+    logger.info("Started the runs of %d stored webhook event(s)", len(waiting))
     return len(waiting)
+
+
+class ReceiptIntake:
+    """Stored webhook events, as a source of new runs for the worker."""
+
+    name = "pikku.webhooks"
+    notify_payload: str | None = RECEIPTS_WAITING
+
+    def start_waiting(self, engine: RunStarter, limit: int) -> int:
+        return start_waiting_runs(engine, limit)
+
+    def has_waiting(self, engine: RunStarter) -> bool:
+        return bool(waiting_receipts(engine).exists())
+
+
+def register() -> None:
+    """Make workers start the runs of stored webhook events (from the AppConfig)."""
+    register_intake(ReceiptIntake())
 
 
 def accept_events(

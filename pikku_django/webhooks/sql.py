@@ -6,7 +6,8 @@ own; the receipt's unique constraint refuses a redelivery. On PostgreSQL the sam
 statement wakes the workers (``NOTIFY``) and, with a :class:`Gate`, first checks that
 the source is still enabled with the credential values the request was verified
 against, storing nothing otherwise. A worker on PostgreSQL starts a batch of waiting
-receipts' runs in one statement too (:func:`start_waiting_runs_postgresql`).
+receipts' runs through the workflow engine
+(:func:`pikku_django.webhooks.dispatch.start_waiting_runs`).
 """
 
 from __future__ import annotations
@@ -22,35 +23,13 @@ from django.db import DataError, IntegrityError, connections, transaction
 from django.db.models import Model
 from django.utils import timezone
 
-from pikku_django.models import (
-    CredentialValue,
-    RunStatus,
-    TriggerSource,
-    WebhookReceipt,
-    WorkflowRun,
-)
+from pikku_django.models import CredentialValue, TriggerSource, WebhookReceipt
 from pikku_django.prepared import fetch_nothing_on, fetch_on
-from pikku_django.workflows.sql import CHANNEL
+from pikku_django.workflows.store import CHANNEL
 
 logger = logging.getLogger(__name__)
 
 RECEIPT_FIELDS = ("source", "event", "provider_id", "received_at", "workflow", "input")
-#: The columns of a run a worker starts for a receipt.
-RUN_FIELDS = (
-    "id",
-    "workflow",
-    "status",
-    "input",
-    "output",
-    "error",
-    "suspend_reason",
-    "inline",
-    "idempotency_key",
-    "wake_at",
-    "wakes",
-    "created_at",
-    "updated_at",
-)
 RECEIPT_KEY = ("source", "event", "provider_id")
 
 #: The payload of the workers' wake-up (``CHANNEL``) when events wait for their runs.
@@ -291,60 +270,6 @@ def _db_datetime(connection: Any, value: datetime) -> Any:
     if connection.vendor == "sqlite" and value.tzinfo is UTC and connection.timezone is UTC:
         return str(value.replace(tzinfo=None))
     return connection.ops.adapt_datetimefield_value(value)
-
-
-_start_sql: dict[bool, str] = {}
-
-
-def start_waiting_runs_postgresql(
-    using: str, limit: int, *, now: datetime, notify: bool
-) -> tuple[int, int]:
-    """PostgreSQL: the runs of up to ``limit`` waiting receipts (oldest first, skipping
-    those another worker holds) in one statement. Each receipt is linked to its new
-    run, or to the run that already holds its key, and its input moved to the run.
-    ``notify`` wakes idle workers for the new runs. (Receipts linked, runs started.)"""
-    connection = connections[using]
-    sql = _start_sql.get(notify)
-    if sql is None:
-        sql = _start_sql[notify] = _start_statement(connection.ops.quote_name, notify)
-    linked, started, _ = fetch_on(connection, sql, [limit, RunStatus.RUNNING.value, now, now, now])[
-        0
-    ]
-    return int(linked), int(started)
-
-
-def _start_statement(quote: Callable[[str], str], notify: bool) -> str:
-    receipt = WebhookReceipt._meta
-    run = WorkflowRun._meta
-
-    def r(name: str) -> str:
-        return quote(receipt.get_field(name).column)
-
-    def c(name: str) -> str:
-        return quote(run.get_field(name).column)
-
-    runs = quote(run.db_table)
-    woken = f"(SELECT pg_notify('{CHANNEL}', '') FROM started LIMIT 1)" if notify else "NULL"
-    return (
-        f"WITH waiting AS (SELECT {r('id')} AS id, {r('workflow')} AS workflow, "
-        f"{r('input')} AS input, left('webhook:' || {r('source')} || ':' || {r('event')} "
-        f"|| ':' || {r('provider_id')}, 255) AS key FROM {quote(receipt.db_table)} "
-        f"WHERE {r('run')} IS NULL AND {r('input')} IS NOT NULL ORDER BY {r('id')} "
-        f"LIMIT %s FOR UPDATE SKIP LOCKED), "
-        f"started AS (INSERT INTO {runs} ({_columns(WorkflowRun, RUN_FIELDS, quote)}) "
-        f"SELECT gen_random_uuid(), workflow, %s, input, NULL, NULL, '', false, key, "
-        f"%s::timestamptz, 0, %s::timestamptz, %s::timestamptz FROM waiting ORDER BY id "
-        f"ON CONFLICT ({c('workflow')}, {c('idempotency_key')}) DO NOTHING "
-        f"RETURNING {c('id')} AS id, {c('workflow')} AS workflow, "
-        f"{c('idempotency_key')} AS key), "
-        f"linked AS (UPDATE {quote(receipt.db_table)} SET {r('run')} = COALESCE(started.id, "
-        f"(SELECT x.{c('id')} FROM {runs} x WHERE x.{c('workflow')} = waiting.workflow "
-        f"AND x.{c('idempotency_key')} = waiting.key)), {r('input')} = NULL "
-        f"FROM waiting LEFT JOIN started ON started.workflow = waiting.workflow "
-        f"AND started.key = waiting.key "
-        f"WHERE {quote(receipt.db_table)}.{r('id')} = waiting.id RETURNING 1) "
-        f"SELECT (SELECT count(*) FROM linked), (SELECT count(*) FROM started), {woken}"
-    )
 
 
 def _in_savepoint(connection: Any, run: Callable[..., Any], sql: str, params: list[Any]) -> Any:

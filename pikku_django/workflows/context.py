@@ -7,14 +7,16 @@ and the first step that is not settled ends the pass.
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from pikku_django.models import StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models import StepKind, StepStatus, WorkflowStep
 from pikku_django.workflows import registry
+from pikku_django.workflows._inline_steps import fresh
+from pikku_django.workflows._options import retry_delay_for
+from pikku_django.workflows._values import Pause, StepOptions
 from pikku_django.workflows.durations import Duration, parse_duration
 from pikku_django.workflows.errors import (
     NonDeterministicWorkflowError,
@@ -23,38 +25,20 @@ from pikku_django.workflows.errors import (
 )
 
 if TYPE_CHECKING:
-    from pikku_django.workflows.engine import StepClaimer, StepOptions, WorkflowEngine
+    from pikku_django.workflows._recorder import StepRecorder
 
-
-class Pause(BaseException):
-    """Ends an orchestration pass at a step that is not settled.
-
-    A BaseException, so a workflow's own ``except Exception`` cannot swallow it.
-    ``wake_at`` is when the run needs its next pass (None: when something wakes it).
-    """
-
-    def __init__(self, wake_at: datetime | None = None) -> None:
-        super().__init__(wake_at)
-        self.wake_at = wake_at
+__all__ = ["Pause", "WorkflowContext", "fresh", "retry_delay_for"]
 
 
 class WorkflowContext:
     """The handle a workflow function receives as its first argument."""
 
-    def __init__(
-        self, engine: WorkflowEngine, run: WorkflowRun, steps: dict[str, WorkflowStep]
-    ) -> None:
-        self.engine = engine
-        self.run = run
-        self.run_id = run.id
-        self.input = fresh(run.input)
-        self._steps = steps
+    def __init__(self, recorder: StepRecorder) -> None:
+        self._recorder = recorder
+        self.run = recorder.run
+        self.run_id = recorder.run.id
+        self.input = fresh(recorder.run.input)
         self._seen: defaultdict[str, int] = defaultdict(int)
-        #: Set by a worker's pass: the queued step this pass reaches is claimed for
-        #: that worker as it is stored, instead of waiting on the queue.
-        self.claimer: StepClaimer | None = None
-        #: The queued step the pass stopped at, when the claimer takes it.
-        self.claim_request: tuple[str, StepOptions, Any] | None = None
 
     # -- naming -----------------------------------------------------------------
 
@@ -73,7 +57,7 @@ class WorkflowContext:
         return full
 
     def _existing(self, name: str, kind: str, function: str) -> WorkflowStep | None:
-        step = self._steps.get(name)
+        step = self._recorder.recorded(name)
         if step is None:
             return None
         if step.kind != kind or (function and step.function and step.function != function):
@@ -83,9 +67,6 @@ class WorkflowContext:
                 f"the same order, on every replay"
             )
         return step
-
-    def _remember(self, step: WorkflowStep) -> None:
-        self._steps[step.name] = step
 
     # -- steps ------------------------------------------------------------------
 
@@ -115,7 +96,7 @@ class WorkflowContext:
         child = registry.get_workflow(fn) if _may_be_workflow(fn) else None
         if child is not None:
             return self._child(step_name, child.name, data, on_error)
-        options = self.engine.step_options(
+        options = self._recorder.options(
             fn,
             retries=retries,
             retry_delay=retry_delay,
@@ -127,7 +108,7 @@ class WorkflowContext:
         step = self._existing(step_name, options.kind, options.function)
         try:
             if options.kind == StepKind.INLINE:
-                return self.engine.run_inline_step(self, step_name, step, options, data)
+                return self._recorder.run_inline(step_name, step, options, data)
             return self._queued(step_name, step, options, data)
         except StepFailedError as failed:
             if on_error is not None:
@@ -136,12 +117,7 @@ class WorkflowContext:
 
     def _queued(self, name: str, step: WorkflowStep | None, options: StepOptions, data: Any) -> Any:
         if step is None:
-            if self.claimer is not None and self.claimer.takes(options):
-                payload = self.engine.step_input(name, data)
-                self.claim_request = (name, options, payload)
-                raise Pause(None)
-            step = self.engine.schedule_step(self.run, name, options, data)
-            self._remember(step)
+            step = self._recorder.queue(name, options, data)
         return self._settled_or_pause(step)
 
     def _settled_or_pause(self, step: WorkflowStep) -> Any:
@@ -150,14 +126,13 @@ class WorkflowContext:
         if step.status == StepStatus.FAILED and step.attempt >= step.attempts_allowed:
             raise StepFailedError(step.name, step.error)
         if step.status == StepStatus.SUSPENDED:
-            self.engine.suspend_for_step(self.run, step)
+            self._recorder.suspend_at(step)
         raise Pause(None)
 
     def _child(self, name: str, workflow: str, data: Any, on_error: Any) -> Any:
         step = self._existing(name, StepKind.CHILD, workflow)
         if step is None:
-            step = self.engine.start_child(self.run, name, workflow, data)
-            self._remember(step)
+            step = self._recorder.start_child(name, workflow, data)
         try:
             return self._settled_or_pause(step)
         except StepFailedError as failed:
@@ -172,18 +147,10 @@ class WorkflowContext:
         if child is not None:
             self._child(step_name, child.name, data, None)
             return
-        options = self.engine.step_options(
-            on_error,
-            retries=None,
-            retry_delay=None,
-            backoff=None,
-            queued=None,
-            queue=None,
-            transactional=None,
-        )
+        options = self._recorder.options(on_error)
         step = self._existing(step_name, options.kind, options.function)
         if options.kind == StepKind.INLINE:
-            self.engine.run_inline_step(self, step_name, step, options, data)
+            self._recorder.run_inline(step_name, step, options, data)
         else:
             self._queued(step_name, step, options, data)
 
@@ -193,13 +160,12 @@ class WorkflowContext:
         seconds = parse_duration(duration, what="sleep duration")
         step = self._existing(step_name, StepKind.SLEEP, "")
         if step is None:
-            step = self.engine.start_sleep(self.run, step_name, seconds)
-            self._remember(step)
+            step = self._recorder.start_sleep(step_name, seconds)
         if step.status == StepStatus.SUCCEEDED:
             return
         due = step.available_at
-        if due is None or self.engine.clock.now() >= due:
-            self.engine.finish_sleep(step)
+        if due is None or self._recorder.now() >= due:
+            self._recorder.finish_sleep(step)
             return
         raise Pause(due)
 
@@ -208,33 +174,16 @@ class WorkflowContext:
         step_name = self._step_name(name)
         step = self._existing(step_name, StepKind.SUSPEND, "")
         if step is None:
-            step = self.engine.start_suspension(self.run, step_name, str(reason))
-            self._remember(step)
+            step = self._recorder.start_suspension(step_name, str(reason))
         if step.status == StepStatus.SUCCEEDED:
             return fresh(step.result)
-        self.engine.suspend_for_step(self.run, step)
+        self._recorder.suspend_at(step)
         raise Pause(None)
 
     def now(self) -> datetime:
         """The engine clock's time (use a step for anything you need replayed identically)."""
-        return self.engine.clock.now()
-
-
-def fresh(value: Any) -> Any:
-    """A stored JSON value as workflow code gets it: a copy it may change freely, so
-    no change reaches what a later pass replays."""
-    if isinstance(value, dict | list):
-        return copy.deepcopy(value)
-    return value
+        return self._recorder.now()
 
 
 def _may_be_workflow(fn: object) -> bool:
     return isinstance(fn, str) or hasattr(fn, "__pikku_workflow__")
-
-
-def retry_delay_for(step: WorkflowStep, failed_attempt: int) -> timedelta:
-    """The wait after ``failed_attempt`` of ``step`` fails."""
-    delay = step.retry_delay
-    if step.backoff == "exponential":
-        delay = delay * (2 ** max(0, failed_attempt - 1))
-    return timedelta(seconds=min(delay, 86400 * 365))

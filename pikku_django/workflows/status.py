@@ -12,7 +12,7 @@ from typing import Any
 from django.db import connections
 
 from pikku_django.models import TERMINAL_RUN_STATUSES, RunStatus, WorkflowRun, WorkflowStep
-from pikku_django.workflows.sql import CHANNEL
+from pikku_django.workflows.store import CHANNEL
 
 logger = logging.getLogger(__name__)
 

@@ -12,18 +12,16 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import close_old_connections, connections
-from django.db.models import Exists, F, Max, Min, OuterRef, Q
 
 from pikku_django.conf import pikku_settings
-from pikku_django.dbclock import EpochMs
 from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError, hold_lease
-from pikku_django.models import RunStatus, StepKind, StepStatus
-from pikku_django.timers import call_later
-from pikku_django.webhooks.dispatch import waiting_receipts
-from pikku_django.webhooks.sql import RECEIPTS_WAITING
+from pikku_django.models import RunStatus
+from pikku_django.workflows._values import StepOutcome, Wake
 from pikku_django.workflows.engine import CarriedRun, ClaimedStep, StepClaimer, WorkflowEngine
+from pikku_django.workflows.intake import intakes
 from pikku_django.workflows.logcontext import log_context, workflow_logger
-from pikku_django.workflows.sql import CHANNEL
+from pikku_django.workflows.step_lease import keep_step_lease
+from pikku_django.workflows.store import CHANNEL
 
 logger = workflow_logger(__name__)
 
@@ -31,88 +29,8 @@ logger = workflow_logger(__name__)
 #: back to the queue (one long run must not keep a thread from the others).
 CHAIN_SECONDS = 0.25
 
-#: Leases shorter than this still renew every half lease, with one warning.
-SHORT_LEASE_MS = 1_000
-_warned_short_lease = False
-
-#: How many stored webhook events one look starts runs for.
-RECEIPT_BATCH = 100
-
-
-def renewal_interval_s(lease_ms: int) -> float:
-    """Seconds between renewals of a step lease: at most half the lease."""
-    return max(0.001, lease_ms / 2 / 1000)
-
-
-@contextmanager
-def keep_step_lease(engine: WorkflowEngine, claimed: ClaimedStep) -> Iterator[threading.Event]:
-    """Renew a claimed step's lease every half lease while the block runs.
-
-    Yields an Event set once a renewal reports that a newer attempt replaced
-    this one; renewal then stops (the attempt's writes will be refused).
-    """
-    global _warned_short_lease
-    if claimed.lease_ms < SHORT_LEASE_MS and not _warned_short_lease:
-        _warned_short_lease = True
-        logger.warning(
-            "Step lease of %d ms on queue %r is under a second; renewing every %d ms",
-            claimed.lease_ms,
-            claimed.queue,
-            claimed.lease_ms // 2,
-        )
-    superseded = threading.Event()
-    stop = threading.Event()
-    lock = threading.Lock()
-    renewing: list[threading.Thread] = []
-    interval = renewal_interval_s(claimed.lease_ms)
-
-    def renew() -> None:
-        with lock:
-            if stop.is_set():
-                return
-            renewing.append(threading.current_thread())
-        try:
-            while True:
-                try:
-                    held = engine.refresh_step_lease(
-                        claimed.step_id, claimed.lease_ms, claimed.attempt
-                    )
-                except Exception:
-                    logger.warning(
-                        "Renewing the lease of step %s failed; will retry",
-                        claimed.name,
-                        exc_info=True,
-                    )
-                else:
-                    if not held:
-                        logger.warning(
-                            "Step %s attempt %d was claimed by a newer attempt; "
-                            "its outcome will not be recorded",
-                            claimed.name,
-                            claimed.attempt,
-                        )
-                        superseded.set()
-                        return
-                if stop.wait(interval):
-                    return
-        except BaseException:
-            logger.exception("The lease renewal of step %s died", claimed.name)
-        finally:
-            connections.close_all()
-
-    # No thread until the first renewal is due (half a lease after the claim, not
-    # after this block began): most steps finish before it.
-    first = max(0.0, interval - (time.monotonic() - claimed.claimed_at))
-    timer = call_later(first, renew, name=f"pikku-step-lease:{claimed.step_id}")
-    try:
-        yield superseded
-    finally:
-        stop.set()
-        timer.cancel()
-        with lock:
-            threads = list(renewing)
-        for thread in threads:
-            thread.join()
+#: How many waiting items of each intake one look starts runs for.
+INTAKE_BATCH = 100
 
 
 def wake_stalled_runs(engine: WorkflowEngine, stalled_after: float, limit: int = 500) -> int:
@@ -123,22 +41,7 @@ def wake_stalled_runs(engine: WorkflowEngine, stalled_after: float, limit: int =
     behind when a worker died between settling a step and waking its run.
     """
     cutoff = engine.clock.now() - timedelta(seconds=stalled_after)
-    in_flight = (
-        engine.steps()
-        .filter(run_id=OuterRef("id"))
-        .filter(
-            Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.SUSPENDED))
-            | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1)
-            | Q(status=StepStatus.RUNNING, lease_expires_at__isnull=True)
-            | Q(status=StepStatus.RUNNING, lease_expires_at__gte=EpochMs())
-        )
-    )
-    stalled = list(
-        engine.runs()
-        .filter(status=RunStatus.RUNNING, inline=False, wake_at__isnull=True, updated_at__lt=cutoff)
-        .exclude(Exists(in_flight))
-        .values_list("id", flat=True)[:limit]
-    )
+    stalled = engine.store.stalled_runs(cutoff, limit)
     for run_id in stalled:
         logger.warning("Run %s had nothing in flight for %gs: waking it", run_id, stalled_after)
         engine.wake_run(run_id)
@@ -193,12 +96,12 @@ class Worker:
             ("claimed", "finished", "failed", "retried", "recovered", "superseded"), 0
         )
         self.progress_interval = float(pikku_settings.WORKER_PROGRESS_INTERVAL)
-        # Stored webhook events wait for their runs: looked for at start, when notified,
-        # and once a poll interval.
-        self._receipts_waiting = threading.Event()
-        self._receipts_waiting.set()
-        self._receipts_lock = threading.Lock()
-        self._next_receipt_look = 0.0
+        # Intakes' items wait for their runs: looked for at start, when notified, and
+        # once a poll interval.
+        self._intake_waiting = threading.Event()
+        self._intake_waiting.set()
+        self._intake_lock = threading.Lock()
+        self._next_intake_look = 0.0
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -210,7 +113,7 @@ class Worker:
                 for i in range(self.concurrency)
             ]
             listener = None
-            if self.notify and self.engine.vendor == "postgresql":
+            if self.notify and self.engine.store.vendor == "postgresql":
                 listener = threading.Thread(
                     target=self._listen, name="pikku-worker-listen", daemon=True
                 )
@@ -311,7 +214,7 @@ class Worker:
 
     @contextmanager
     def _single_sqlite_worker(self) -> Iterator[HeldLease | None]:
-        if self.engine.vendor != "sqlite":
+        if self.engine.store.vendor != "sqlite":
             yield None
             return
         key = f"pikku-worker:sqlite:{connections[self.engine.using].settings_dict['NAME']}"[:255]
@@ -366,21 +269,24 @@ class Worker:
             connections.close_all()
 
     def _start_waiting_runs(self) -> int:
-        """Start the runs of stored webhook events, in one thread at a time: at once
-        when told they wait (PostgreSQL), else at most once a poll interval."""
-        if not self._receipts_waiting.is_set() and time.monotonic() < self._next_receipt_look:
+        """Start the intakes' waiting runs, in one thread at a time: at once when told
+        they wait (PostgreSQL), else at most once a poll interval."""
+        if not self._intake_waiting.is_set() and time.monotonic() < self._next_intake_look:
             return 0
-        if not self._receipts_lock.acquire(blocking=False):
+        if not self._intake_lock.acquire(blocking=False):
             return 0
         try:
-            self._receipts_waiting.clear()
-            self._next_receipt_look = time.monotonic() + self.poll_interval
-            linked = self.engine.start_waiting_runs(RECEIPT_BATCH)
-            if linked >= RECEIPT_BATCH:  # there may be more
-                self._receipts_waiting.set()
-            return linked
+            self._intake_waiting.clear()
+            self._next_intake_look = time.monotonic() + self.poll_interval
+            started = 0
+            for intake in intakes():
+                linked = intake.start_waiting(self.engine, INTAKE_BATCH)
+                if linked >= INTAKE_BATCH:  # there may be more
+                    self._intake_waiting.set()
+                started += linked
+            return started
         finally:
-            self._receipts_lock.release()
+            self._intake_lock.release()
 
     def _one_unit(self) -> int:
         engine = self.engine
@@ -405,7 +311,8 @@ class Worker:
         with the run woken for any worker, after the lease is given back.
         """
         done = 0
-        until = time.monotonic() + CHAIN_SECONDS
+        # Carrying off: every step settles with its run woken for any worker.
+        until = time.monotonic() + (CHAIN_SECONDS if self.engine.config.carry_runs else -1.0)
         held: HeldLease | None = None
         carried: CarriedRun | None = None
         owed = False  # a step settled for this thread to pass its run next
@@ -419,13 +326,13 @@ class Worker:
                     if held is not None and (not chain or claimed.lease_ms < held.ttl_ms):
                         self._give_back(held)
                         held = None
-                    outcome = self._execute(claimed, wake="pass" if chain else True)
+                    outcome = self._execute(claimed, wake=Wake.PASS if chain else Wake.NOW)
                     done += 1
-                    if not chain or outcome not in ("succeeded", "failed"):
+                    if not chain or outcome not in (StepOutcome.SUCCEEDED, StepOutcome.FAILED):
                         return done
                     owed = True
                     # No other pass can have run meanwhile only if the lease was kept.
-                    kept = held is not None and outcome == "succeeded"
+                    kept = held is not None and outcome is StepOutcome.SUCCEEDED
                     carried = claimed.carried if kept else None
                 if held is None:
                     held = self._take_run_lease(run_id)
@@ -468,6 +375,12 @@ class Worker:
             logger.info("Run %s is orchestrated elsewhere; waking it again shortly", run_id)
             self.engine.retry_pass_soon(run_id)
             return None
+        except Exception:
+            # The lease store failed (e.g. its server restarted): the run was claimed
+            # for a pass that will not happen now, so it must fall due again soon.
+            logger.warning("Could not take the lease of run %s; waking it again shortly", run_id)
+            self.engine.retry_pass_soon(run_id)
+            raise
 
     def _give_back(self, held: HeldLease) -> None:
         """Release a run lease held across passes; each pass vouched for itself."""
@@ -476,10 +389,10 @@ class Worker:
         except LeaseLostError:
             logger.info("Run lease %s had lapsed when it was given back", held.key)
 
-    def _execute(self, claimed: ClaimedStep, *, wake: bool | str) -> str:
+    def _execute(self, claimed: ClaimedStep, *, wake: Wake) -> StepOutcome:
         with self._lock:
             self._in_flight[claimed.step_id] = claimed
-        outcome = "failed"
+        outcome = StepOutcome.FAILED
         self._count("claimed")
         if claimed.reclaimed:
             self._count("recovered")
@@ -490,13 +403,7 @@ class Worker:
             ):
                 outcome = self.engine.execute_step(claimed, wake=wake)
         finally:
-            self._count(
-                {
-                    "succeeded": "finished",
-                    "retrying": "retried",
-                    "superseded": "superseded",
-                }.get(outcome, "failed")
-            )
+            self._count(_COUNTED.get(outcome, "failed"))
             with self._lock:
                 self._in_flight.pop(claimed.step_id, None)
         self.steps += 1
@@ -509,30 +416,15 @@ class Worker:
         Nothing announces a lapsing lease or a timer, so without this a dead worker's
         step would wait for the next poll on top of its lease.
         """
-        engine = self.engine
-        steps = engine.steps().filter(kind=StepKind.QUEUED)
-        if self.queues:
-            steps = steps.filter(queue__in=self.queues)
-        lapse = steps.filter(status=StepStatus.RUNNING, lease_expires_at__gt=EpochMs()).aggregate(
-            at=Min("lease_expires_at"), now=Max(EpochMs())
-        )
-        due = steps.filter(
-            status__in=(StepStatus.SCHEDULED, StepStatus.FAILED),
-            available_at__gt=engine.clock.now(),
-        ).aggregate(at=Min("available_at"))["at"]
-        wake = (
-            engine.runs()
-            .filter(status=RunStatus.RUNNING, inline=False, wake_at__gt=engine.clock.now())
-            .aggregate(at=Min("wake_at"))["at"]
-        )
-        now = engine.clock.now()
+        now = self.engine.clock.now()
+        due = self.engine.store.next_due(now, self.queues)
         # Only what falls due later counts: anything already due that this thread
         # could not claim (taken by another worker, or its run was cancelled) must
         # not make it spin.
         waits = [self.poll_interval]
-        if lapse["at"] is not None and lapse["now"] is not None:
-            waits.append((lapse["at"] - lapse["now"]) / 1000)
-        for at in (due, wake):
+        if due.lapse_in_ms is not None:
+            waits.append(due.lapse_in_ms / 1000)
+        for at in (due.step_due, due.run_due):
             if at is not None:
                 waits.append((at - now).total_seconds())
         return min(w for w in waits if w > 0) + 0.005
@@ -547,24 +439,11 @@ class Worker:
     def _work_pending(self) -> bool:
         """Whether anything is in flight or due within the idle grace (so until_idle goes on)."""
         engine = self.engine
-        now = engine.clock.now() + timedelta(seconds=self.idle_grace)
-        if engine.runs().filter(status=RunStatus.RUNNING, inline=False, wake_at__lte=now).exists():
+        until = engine.clock.now() + timedelta(seconds=self.idle_grace)
+        if any(intake.has_waiting(engine) for intake in intakes()):
+            self._intake_waiting.set()
             return True
-        if waiting_receipts(engine).exists():
-            self._receipts_waiting.set()
-            return True
-        steps = engine.steps().filter(
-            kind=StepKind.QUEUED, run__status=RunStatus.RUNNING, run__inline=False
-        )
-        if self.queues:
-            steps = steps.filter(queue__in=self.queues)
-        return (
-            steps.filter(
-                status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.RUNNING),
-                available_at__lte=now,
-            ).exists()
-            or steps.filter(status=StepStatus.RUNNING).exists()
-        )
+        return engine.store.work_pending(until, self.queues)
 
     def pending_summary(self) -> dict[str, Any]:
         """What is left for later: runs waiting on timers and the next due time."""
@@ -580,6 +459,7 @@ class Worker:
 
     def _listen(self) -> None:
         template = connections[self.engine.using]
+        payloads = {i.notify_payload for i in intakes() if i.notify_payload}
         while not self.stopping.is_set():
             conn = type(template)(template.settings_dict, self.engine.using)
             try:
@@ -589,8 +469,8 @@ class Worker:
                 raw.execute(f"LISTEN {CHANNEL}")
                 while not self.stopping.is_set():
                     for notice in raw.notifies(timeout=1.0, stop_after=1):
-                        if notice.payload == RECEIPTS_WAITING:
-                            self._receipts_waiting.set()
+                        if notice.payload in payloads:
+                            self._intake_waiting.set()
                         self._wake_all()
             except Exception:
                 if self.stopping.is_set():
@@ -607,3 +487,11 @@ class Worker:
                     conn.close()
                 except Exception:
                     logger.debug("closing the LISTEN connection failed", exc_info=True)
+
+
+#: The progress counter each outcome of a claimed step adds to.
+_COUNTED = {
+    StepOutcome.SUCCEEDED: "finished",
+    StepOutcome.RETRYING: "retried",
+    StepOutcome.SUPERSEDED: "superseded",
+}

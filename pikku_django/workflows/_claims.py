@@ -1,0 +1,178 @@
+"""Claiming steps and runs: the claim decision, each outcome one guarded UPDATE."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import cast
+
+from django.db.models import Q
+from django.utils import timezone
+
+from pikku_django.dbclock import EpochMs
+from pikku_django.models import StepKind, StepStatus, WorkflowStep
+from pikku_django.workflows._runs import RunStates
+from pikku_django.workflows._values import ClaimedStep, default_worker_id
+from pikku_django.workflows.config import EngineConfig
+from pikku_django.workflows.errors import (
+    NonDeterministicWorkflowError,
+    WorkflowStepLeaseExpiredError,
+    serialize_error,
+)
+from pikku_django.workflows.logcontext import workflow_logger
+
+logger = workflow_logger(__name__)
+
+
+class Claims:
+    """Decides whether a step is claimed, and makes the claim."""
+
+    def __init__(self, states: RunStates, config: Callable[[], EngineConfig]) -> None:
+        self.states = states
+        self.store = states.store
+        self.clock = states.clock
+        self._config = config
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._config()
+
+    def claim_step(
+        self, step_id: int, *, lease_ms: int | None = None, worker: str = ""
+    ) -> ClaimedStep | None:
+        """Claim one queued step for execution, by the claim decision; None if not claimable."""
+        step = (
+            self.store.steps()
+            .annotate(store_now=EpochMs())
+            .filter(id=step_id)
+            .select_related("run")
+            .first()
+        )
+        if step is None or step.kind != StepKind.QUEUED:
+            return None
+        if lease_ms is None:
+            lease_ms = self.config.lease_ms_for_queue(step.queue)
+        return self.decide(step, lease_ms, worker or default_worker_id())
+
+    def claim_named(
+        self, run_id: uuid.UUID | str, step_name: str, function: str, lease_ms: int
+    ) -> ClaimedStep | None:
+        """Claim the step ``step_name`` of a run that should call ``function``."""
+        step = (
+            self.store.steps()
+            .annotate(store_now=EpochMs())
+            .filter(run_id=cast(uuid.UUID, run_id), name=step_name)
+            .select_related("run")
+            .first()
+        )
+        if step is None:
+            return None
+        if step.function != function:
+            raise NonDeterministicWorkflowError(
+                f"Step {step_name!r} of run {run_id} calls {step.function!r}, not {function!r}"
+            )
+        return self.decide(step, lease_ms, default_worker_id())
+
+    def decide(self, step: WorkflowStep, lease_ms: int, worker: str) -> ClaimedStep | None:
+        """The claim decision for ``step`` (read with ``store_now``), made by one
+        guarded UPDATE: the claim, or None."""
+        status, attempt = step.status, step.attempt
+        exhausted = attempt >= step.attempts_allowed
+        if status in (StepStatus.SUCCEEDED, StepStatus.SUSPENDED):
+            return None
+        if status == StepStatus.RUNNING:
+            lease = step.lease_expires_at
+            if lease is None or lease >= step.store_now:  # type: ignore[attr-defined]
+                return None  # live, or parked on a child run
+            lapsed = Q(status=status, attempt=attempt, lease_expires_at__lt=EpochMs())
+            if exhausted:
+                self._fail_lease_expired(step, lapsed)
+                return None
+            return self.new_attempt(step, lapsed, lease_ms=lease_ms, worker=worker)
+        due = step.available_at
+        if due is not None and due > self.clock.now():
+            return None  # a retry (or a re-drive) waits for its delay, on every route
+        if status == StepStatus.FAILED and exhausted:
+            return None
+        # failed with an attempt left, pending or scheduled
+        return self.new_attempt(
+            step, Q(status=status, attempt=attempt), lease_ms=lease_ms, worker=worker
+        )
+
+    def new_attempt(
+        self, step: WorkflowStep, guard: Q, *, lease_ms: int, worker: str
+    ) -> ClaimedStep | None:
+        if not self.store.claim_attempt(step, guard, lease_ms=lease_ms, worker=worker):
+            return None
+        return ClaimedStep(
+            step_id=step.id,
+            run_id=step.run_id,
+            name=step.name,
+            function=step.function,
+            input=step.input,
+            attempt=step.attempt + 1,
+            transactional=step.transactional,
+            lease_ms=lease_ms,
+            queue=step.queue,
+            reclaimed=step.status == StepStatus.RUNNING,
+        )
+
+    def claim_inline(self, step: WorkflowStep) -> ClaimedStep | None:
+        """A new attempt of an inline step (the run lease keeps other passes out)."""
+        return self.new_attempt(
+            step,
+            Q(status=step.status, attempt=step.attempt),
+            lease_ms=self.config.run_lease_ms,
+            worker=default_worker_id(),
+        )
+
+    def _fail_lease_expired(self, step: WorkflowStep, guard: Q) -> None:
+        exc = WorkflowStepLeaseExpiredError(step.name, step.attempts_allowed)
+        error = serialize_error(exc)
+        with self.store.atomic():
+            won = (
+                self.store.steps()
+                .filter(guard, id=step.id)
+                .update(
+                    status=StepStatus.FAILED,
+                    error=error,
+                    lease_expires_at=None,
+                    available_at=None,
+                    updated_at=timezone.now(),
+                )
+            )
+            if won:
+                self.store.attempts().filter(step_id=step.id, attempt=step.attempt).update(
+                    status=StepStatus.FAILED, error=error, finished_at=timezone.now()
+                )
+        if won:
+            logger.warning("%s", exc)
+            self.states.wake(step.run_id)
+
+    def due_runs(self, limit: int = 1) -> list[uuid.UUID]:
+        """Runs that need a pass now; each is pushed back by the pass timeout meanwhile."""
+        now = self.clock.now()
+        config = self.config
+        # A pass holds the run lease: once it lapsed (the worker died mid-pass) the
+        # run may be passed again, whatever the pass timeout.
+        timeout = min(config.run_pass_timeout, config.run_lease_ms / 1000 + 5)
+        return self.store.claim_due_runs(now, now + timedelta(seconds=timeout), limit)
+
+    def due_steps(
+        self, queues: Iterable[str] | None = None, limit: int = 1, worker: str = ""
+    ) -> list[ClaimedStep]:
+        """Claim queued steps that are ready: scheduled, due for retry, or whose claim lapsed."""
+        now = self.clock.now()
+        served = list(queues or ())
+        if not self.store.ready_steps_exist(now, served):
+            return []
+        claimed: list[ClaimedStep] = []
+        with self.store.claims_serialised(), self.store.atomic():
+            for step in self.store.lock_ready_steps(now, served, limit):
+                got = self.decide(
+                    step, self.config.lease_ms_for_queue(step.queue), worker or default_worker_id()
+                )
+                if got is not None:
+                    claimed.append(got)
+        return claimed

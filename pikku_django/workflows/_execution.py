@@ -1,0 +1,268 @@
+"""Executing a claimed step: call its function, get a typed outcome, settle it fenced."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from pikku_django.models import RunStatus, StepStatus
+from pikku_django.workflows import registry
+from pikku_django.workflows._dberrors import retrying
+from pikku_django.workflows._options import retry_delay_for
+from pikku_django.workflows._runs import RunStates
+from pikku_django.workflows._values import (
+    CarriedRun,
+    ClaimedStep,
+    Settled,
+    StepOutcome,
+    Wake,
+    to_json,
+)
+from pikku_django.workflows.config import EngineConfig
+from pikku_django.workflows.errors import (
+    NotSerializableError,
+    StepFunctionNotFoundError,
+    WorkflowStepSupersededError,
+    serialize_error,
+)
+from pikku_django.workflows.logcontext import log_context, workflow_logger
+
+logger = workflow_logger(__name__)
+
+#: How long past a lapsed run lease a run left by a dead worker falls due again.
+RECOVERY_MARGIN = timedelta(seconds=2)
+
+
+class Execution:
+    """Runs claimed steps; every write carries the attempt that made it."""
+
+    def __init__(self, states: RunStates, config: Callable[[], EngineConfig]) -> None:
+        self.states = states
+        self.store = states.store
+        self.clock = states.clock
+        self._config = config
+
+    def _wake_at(self, wake: Wake) -> datetime:
+        """When the run falls due after a settle: now, or (``Wake.PASS``) once the
+        settling thread's run lease would have lapsed."""
+        now = self.clock.now()
+        if wake is Wake.PASS:
+            return now + timedelta(milliseconds=self._config().run_lease_ms) + RECOVERY_MARGIN
+        return now
+
+    # -- fenced writes ---------------------------------------------------------------
+
+    def set_result(
+        self, step_id: int, result: Any, attempt: int, *, wake: Wake = Wake.NOW
+    ) -> Settled | None:
+        """Record the result of ``attempt``; WorkflowStepSupersededError if it was
+        replaced. None when the result was not storable and failed the step instead."""
+        try:
+            payload = to_json(result, f"The result of step {step_id}")
+        except NotSerializableError as exc:
+            self.set_error(step_id, exc, attempt, wake=wake, final=True)
+            return None
+        settled = self.store.settle(
+            step_id,
+            attempt,
+            StepStatus.SUCCEEDED,
+            result=payload,
+            wake=wake,
+            wake_at=self._wake_at(wake),
+        )
+        if settled is None:
+            raise WorkflowStepSupersededError(step_id, attempt)
+        return settled
+
+    def set_error(
+        self,
+        step_id: int,
+        error: BaseException | dict[str, Any],
+        attempt: int,
+        *,
+        wake: Wake = Wake.NOW,
+        final: bool = False,
+    ) -> bool:
+        """Record that ``attempt`` failed; True if no attempt is left. ``wake`` applies
+        once no attempt is left. WorkflowStepSupersededError if the attempt was replaced."""
+        data = serialize_error(error) if isinstance(error, BaseException) else dict(error)
+        step = (
+            self.store.steps().filter(id=step_id).only("retries", "retry_delay", "backoff").first()
+        )
+        if step is None:
+            raise WorkflowStepSupersededError(step_id, attempt)
+        exhausted = final or attempt >= step.attempts_allowed
+        now = self.clock.now()
+        retry_at = None if exhausted else now + retry_delay_for(step, attempt)
+        settled = self.store.settle(
+            step_id,
+            attempt,
+            StepStatus.FAILED,
+            error=data,
+            available_at=retry_at,
+            # A final failure spends the remaining attempts, so nothing retries it.
+            retries=attempt - 1 if final else None,
+            wake=wake if exhausted else Wake.NONE,
+            wake_at=self._wake_at(wake),
+        )
+        if settled is None:
+            raise WorkflowStepSupersededError(step_id, attempt)
+        if not exhausted:
+            self.store.notify()
+        return exhausted
+
+    # -- executing ------------------------------------------------------------------
+
+    def execute_step(self, claimed: ClaimedStep, *, wake: Wake = Wake.NOW) -> StepOutcome:
+        """Run a claimed queued step by its registered function."""
+        definition = registry.get_step(claimed.function)
+        with log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt):
+            if definition is None:
+                return self._function_missing(claimed)
+            return self._run(claimed, definition.fn, wake)
+
+    def execute(self, claimed: ClaimedStep, fn: Callable[..., Any], wake: Wake) -> StepOutcome:
+        """Run a claimed step by ``fn`` (an inline step's callable)."""
+        with log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt):
+            return self._run(claimed, fn, wake)
+
+    def _run(self, claimed: ClaimedStep, fn: Callable[..., Any], wake: Wake) -> StepOutcome:
+        what = f"The result of step {claimed.name!r}"
+
+        def transaction() -> Settled | None:
+            # The function's writes and the fenced result commit together, or not at
+            # all: a superseded attempt's (or a stopped run's) writes roll back.
+            with self.store.atomic():
+                result = to_json(registry.call_step_function(fn, claimed.input), what)
+                self._check_run_running(claimed)
+                return self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+
+        try:
+            if claimed.transactional:
+                # A deadlock or lock wait rolls it all back: made again, same attempt.
+                settled = retrying(transaction)
+            else:
+                result = to_json(registry.call_step_function(fn, claimed.input), what)
+                settled = retrying(
+                    lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+                )
+            if claimed.carried is not None and settled is not None:
+                _carry_result(claimed, claimed.carried, settled)
+        except WorkflowStepSupersededError as exc:
+            logger.warning("%s: its result was not recorded", exc)
+            return StepOutcome.SUPERSEDED
+        except _RunStoppedError as stopped:
+            return self._run_stopped(claimed, stopped.status)
+        except StepFunctionNotFoundError:
+            return self._function_missing(claimed)
+        except Exception as exc:
+            try:
+                failure: Exception = exc
+                exhausted = retrying(
+                    lambda: self.set_error(
+                        claimed.step_id,
+                        failure,
+                        claimed.attempt,
+                        wake=wake,
+                        final=isinstance(failure, NotSerializableError),
+                    )
+                )
+            except WorkflowStepSupersededError as superseded:
+                logger.warning("%s: its error was not recorded", superseded)
+                return StepOutcome.SUPERSEDED
+            logger.info("Step %s attempt %d failed: %s", claimed.name, claimed.attempt, exc)
+            return StepOutcome.FAILED if exhausted else StepOutcome.RETRYING
+        return StepOutcome.SUCCEEDED
+
+    def _check_run_running(self, claimed: ClaimedStep) -> None:
+        """In a transactional step's transaction: lock its run, and roll the step's
+        writes back (_RunStoppedError) unless the run is still running."""
+        status = (
+            self.store.runs()
+            .select_for_update()
+            .filter(id=claimed.run_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        if status != RunStatus.RUNNING:
+            raise _RunStoppedError(str(status))
+
+    def _run_stopped(self, claimed: ClaimedStep, status: str) -> StepOutcome:
+        """The run ended while its transactional step ran: close the attempt."""
+        logger.warning(
+            "Run %s was %s while step %s ran: its writes were rolled back",
+            claimed.run_id,
+            status,
+            claimed.name,
+        )
+        error = {
+            "type": "WorkflowRunStopped",
+            "message": f"Run {claimed.run_id} was {status} while this step ran; "
+            "the step's writes were rolled back",
+            "code": "RUN_STOPPED",
+        }
+        try:
+            self.store.settle(
+                claimed.step_id,
+                claimed.attempt,
+                StepStatus.FAILED,
+                error=error,
+                retries=claimed.attempt - 1,
+            )
+        except Exception:
+            logger.exception("Could not close step %s of stopped run", claimed.name)
+        return StepOutcome.RUN_STOPPED
+
+    def _function_missing(self, claimed: ClaimedStep) -> StepOutcome:
+        """The current attempt's function is missing: suspend the run (RPC_NOT_FOUND)."""
+        error = serialize_error(StepFunctionNotFoundError(claimed.function))
+        with self.store.atomic():
+            won = (
+                self.store.steps()
+                .filter(id=claimed.step_id, attempt=claimed.attempt, status=StepStatus.RUNNING)
+                .update(
+                    status=StepStatus.SUSPENDED,
+                    error=error,
+                    lease_expires_at=None,
+                    attempt=claimed.attempt - 1,
+                    updated_at=timezone.now(),
+                )
+            )
+            if won:
+                self.store.attempts().filter(
+                    step_id=claimed.step_id, attempt=claimed.attempt
+                ).delete()
+        if not won:
+            logger.warning(
+                "Superseded attempt %d of step %s found no function %r; left to its new owner",
+                claimed.attempt,
+                claimed.name,
+                claimed.function,
+            )
+            return StepOutcome.SUPERSEDED
+        run = self.store.runs().get(id=claimed.run_id)
+        self.states.suspend(run, f"RPC_NOT_FOUND: {error['message']}")
+        return StepOutcome.SUSPENDED
+
+
+def _carry_result(claimed: ClaimedStep, carried: CarriedRun, settled: Settled) -> None:
+    """Bring the carried run up to date with its claimed step's success, and with its
+    run as the settle found it (cancelled meanwhile, or woken)."""
+    step = carried.steps.get(claimed.name)
+    if step is None or step.id != claimed.step_id:
+        return
+    step.status, step.attempt = StepStatus.SUCCEEDED, claimed.attempt
+    step.result, step.error = settled.result, None
+    step.lease_expires_at = step.available_at = None
+    carried.run.status, carried.run.wakes = settled.run_status, settled.run_wakes
+
+
+class _RunStoppedError(Exception):
+    """A transactional step's run is no longer running: roll its writes back."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status

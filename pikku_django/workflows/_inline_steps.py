@@ -1,0 +1,196 @@
+"""Inline steps: run inside the orchestration pass, their outcome written after."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError
+from django.utils import timezone
+
+from pikku_django.models import StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows import registry
+from pikku_django.workflows._claims import Claims
+from pikku_django.workflows._execution import Execution
+from pikku_django.workflows._options import retry_delay_for
+from pikku_django.workflows._runs import LEASE_TAKEN_RETRY, RunStates
+from pikku_django.workflows._values import (
+    NewStep,
+    Pause,
+    StepOptions,
+    Wake,
+    default_worker_id,
+    to_json,
+)
+from pikku_django.workflows.errors import (
+    NotSerializableError,
+    StepFailedError,
+    StepFunctionNotFoundError,
+    serialize_error,
+)
+from pikku_django.workflows.logcontext import log_context, workflow_logger
+
+logger = workflow_logger(__name__)
+
+
+def fresh(value: Any) -> Any:
+    """A stored JSON value as workflow code gets it: a copy it may change freely, so
+    no change reaches what a later pass replays."""
+    if isinstance(value, dict | list):
+        return copy.deepcopy(value)
+    return value
+
+
+class _StepExistsError(Exception):
+    """The step was stored by another pass: roll back this attempt's writes."""
+
+
+class _WriteFailedError(Exception):
+    """Storing a step's outcome failed (its cause): not a failure of the step."""
+
+
+class InlineSteps:
+    """Runs a pass's inline steps, attempt after attempt, until one settles."""
+
+    def __init__(self, states: RunStates, claims: Claims, execution: Execution) -> None:
+        self.states = states
+        self.store = states.store
+        self.clock = states.clock
+        self.claims = claims
+        self.execution = execution
+
+    def create(self, run: WorkflowRun, **fields: Any) -> WorkflowStep:
+        """Insert a step of ``run``; the one stored already if another pass did first."""
+        try:
+            with self.store.atomic():
+                return self.store.steps().create(run_id=run.id, **fields)
+        except IntegrityError:
+            # Another pass of the same run created it first (its lease lapsed).
+            return self.store.steps().get(run_id=run.id, name=fields["name"])
+
+    def run(
+        self,
+        run: WorkflowRun,
+        name: str,
+        step: WorkflowStep | None,
+        options: StepOptions,
+        data: Any,
+        remember: Callable[[WorkflowStep], None],
+    ) -> Any:
+        """Run an inline step in this pass: its result; Pause until a retry is due;
+        StepFailedError once no attempt is left. ``remember`` is given the step's row
+        each time it is read."""
+        if step is None:
+            payload = to_json(data, f"The input of step {name!r}")
+            step = self._first_attempt(run, name, options, payload)
+            remember(step)
+        while True:
+            if step.status == StepStatus.SUCCEEDED:
+                return fresh(step.result)
+            if step.status == StepStatus.FAILED and step.attempt >= step.attempts_allowed:
+                raise StepFailedError(step.name, step.error)
+            due = step.available_at
+            now = self.clock.now()
+            if step.status == StepStatus.FAILED and due is not None and due > now:
+                if not run.inline:
+                    raise Pause(due)
+                self.clock.sleep((due - now).total_seconds())
+            claimed = self.claims.claim_inline(step)
+            if claimed is None:
+                raise Pause(self.clock.now() + LEASE_TAKEN_RETRY)
+            assert options.fn is not None
+            self.execution.execute(claimed, options.fn, Wake.NONE)
+            step = self.store.steps().get(id=step.id)
+            remember(step)
+
+    def _first_attempt(
+        self, run: WorkflowRun, name: str, options: StepOptions, payload: Any
+    ) -> WorkflowStep:
+        """Run a new inline step's first attempt, then write the step with its outcome.
+
+        Nothing is written before the function returns: a crash meanwhile leaves no
+        row, and the next pass runs the step again, as it would a lapsed attempt.
+        Returns the step as stored, settled (or as another pass of the run stored it
+        first); Pause if the run stopped running meanwhile (its outcome is not stored).
+        """
+        new = NewStep.of(run, name, StepKind.INLINE, options, payload)
+        worker = default_worker_id()
+        started = timezone.now()
+        fn = options.fn
+        assert fn is not None
+        what = f"The result of step {name!r}"
+
+        def succeeded(result: Any) -> tuple[int, Any] | None:
+            try:
+                return self.store.insert_settled(
+                    new,
+                    status=StepStatus.SUCCEEDED,
+                    result=result,
+                    error=None,
+                    available_at=None,
+                    worker=worker,
+                    started_at=started,
+                )
+            except DatabaseError as exc:
+                raise _WriteFailedError from exc  # the engine's write, not the step's
+
+        stored: tuple[int, Any] | None = None
+        ran = False  # the function returned, but its outcome was not stored
+        with log_context(run_id=str(run.id), step=name, attempt=1):
+            try:
+                # The function gets a copy: the input is stored as it was given.
+                if options.transactional:
+                    # The function's writes and the step's row commit together.
+                    with self.store.atomic():
+                        result = to_json(registry.call_step_function(fn, fresh(payload)), what)
+                        stored = succeeded(result)
+                        if stored is None:
+                            raise _StepExistsError  # rolls the function's writes back
+                else:
+                    result = to_json(registry.call_step_function(fn, fresh(payload)), what)
+                    stored = succeeded(result)
+                if stored is not None:
+                    step_id, as_stored = stored
+                    return WorkflowStep(
+                        id=step_id,
+                        **new.columns(),
+                        status=StepStatus.SUCCEEDED,
+                        result=as_stored,
+                        attempt=1,
+                    )
+                ran = True
+            except _StepExistsError:
+                ran = True
+            except _WriteFailedError as exc:
+                raise exc.__cause__ from None  # type: ignore[misc]
+            except StepFunctionNotFoundError as exc:
+                columns = new.columns()
+                del columns["run_id"]  # given as the run
+                self.create(run, **columns, status=StepStatus.SUSPENDED, error=serialize_error(exc))
+                self.states.suspend(run, f"RPC_NOT_FOUND: {exc}")
+                raise Pause(None) from None
+            except Exception as exc:
+                final = isinstance(exc, NotSerializableError)
+                exhausted = final or options.retries < 1
+                delay = retry_delay_for(options, 1)
+                if final:
+                    new = dataclasses.replace(new, retries=0)
+                self.store.insert_settled(
+                    new,
+                    status=StepStatus.FAILED,
+                    result=None,
+                    error=serialize_error(exc),
+                    available_at=None if exhausted else self.clock.now() + delay,
+                    worker=worker,
+                    started_at=started,
+                )
+                logger.info("Step %s attempt 1 failed: %s", name, exc)
+        step = self.store.steps().filter(run_id=run.id, name=name).first()
+        if step is None:
+            logger.info("Run %s stopped running during step %s: outcome not stored", run.id, name)
+            raise Pause(None)
+        if ran:
+            logger.warning("Step %s was stored by another pass; its outcome stands", name)
+        return step

@@ -1,0 +1,261 @@
+"""Starting, resuming, cancelling and retrying runs (what users call)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError
+from django.db.models import F
+from django.utils import timezone
+
+from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._runs import RunStates
+from pikku_django.workflows._values import to_json
+from pikku_django.workflows.errors import WorkflowRunNotFoundError, WorkflowRunStateError
+from pikku_django.workflows.logcontext import workflow_logger
+from pikku_django.workflows.registry import WorkflowDefinition
+
+logger = workflow_logger(__name__)
+
+#: The name ``ctx.do(..., on_error=...)`` gives a compensation step: ``<step>:on_error``.
+COMPENSATION_NAME = re.compile(r"(?P<step>.+):on_error(?:#\d+)?")
+
+
+class RunLifecycle:
+    """The operations on whole runs; driving inline runs is the caller's."""
+
+    def __init__(self, states: RunStates) -> None:
+        self.states = states
+        self.store = states.store
+        self.clock = states.clock
+
+    def get(self, run_id: uuid.UUID | str) -> WorkflowRun:
+        try:
+            return self.store.runs().get(id=run_id)
+        except (WorkflowRun.DoesNotExist, ValidationError, ValueError, TypeError) as exc:
+            # A malformed id (ValidationError from the UUID field) matches no run either.
+            raise WorkflowRunNotFoundError(f"No workflow run has id {run_id!r}") from exc
+
+    def start(
+        self,
+        definition: WorkflowDefinition,
+        input: Any,
+        *,
+        idempotency_key: str | None,
+        inline: bool,
+    ) -> tuple[WorkflowRun, bool]:
+        """Create a run (or find the one with this idempotency key), due now: the run,
+        and whether this call created it."""
+        payload = to_json(input, "The workflow input")
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 255
+        ):
+            raise ValueError("idempotency_key must be a str of 1 to 255 characters")
+        runs = self.store.runs()
+        if idempotency_key is not None:
+            existing = runs.filter(workflow=definition.name, idempotency_key=idempotency_key)
+            found = existing.first()
+            if found is not None:
+                return found, False
+        try:
+            with self.store.atomic():
+                run = runs.create(
+                    workflow=definition.name,
+                    input=payload,
+                    inline=inline,
+                    idempotency_key=idempotency_key,
+                    wake_at=None if inline else self.clock.now(),
+                )
+                if not inline:
+                    self.store.notify()
+        except IntegrityError:
+            if idempotency_key is None:
+                raise
+            return runs.get(workflow=definition.name, idempotency_key=idempotency_key), False
+        logger.info("Started workflow %s run %s", definition.name, run.id)
+        return run, True
+
+    def resume(self, run_id: uuid.UUID | str, data: Any) -> WorkflowRun:
+        """Set a suspended run running; its ``ctx.suspend()`` returns ``data``."""
+        payload = to_json(data, "The resume data")
+        run = self.get(run_id)
+        with self.store.atomic():
+            changed = (
+                self.store.runs()
+                .filter(id=run.id, status=RunStatus.SUSPENDED)
+                .update(
+                    status=RunStatus.RUNNING,
+                    suspend_reason="",
+                    wake_at=None if run.inline else self.clock.now(),
+                    wakes=F("wakes") + 1,
+                    updated_at=timezone.now(),
+                )
+            )
+            if not changed:
+                run.refresh_from_db()
+                raise WorkflowRunStateError(
+                    f"Run {run.id} is {run.status}, not suspended: only a suspended run resumes"
+                )
+            now = self.clock.now()
+            for step in self.store.steps().filter(run_id=run.id, status=StepStatus.SUSPENDED):
+                if step.kind == StepKind.SUSPEND:
+                    self.states.finish_marker(step, StepStatus.SUCCEEDED, result=payload)
+                else:
+                    # A function that was missing: hand the step to a worker again.
+                    self.store.steps().filter(id=step.id, status=StepStatus.SUSPENDED).update(
+                        status=StepStatus.SCHEDULED,
+                        available_at=now,
+                        error=None,
+                        updated_at=timezone.now(),
+                    )
+            self.store.notify()
+        logger.info("Resumed workflow run %s", run.id)
+        return run
+
+    def cancel(self, run_id: uuid.UUID | str) -> tuple[WorkflowRun, bool]:
+        """Cancel a run that has not finished, and the child runs it waits for: the run,
+        and whether this call cancelled it (False: it was cancelled already)."""
+        run = self.get(run_id)
+        with self.store.atomic():
+            changed = (
+                self.store.runs()
+                .filter(id=run.id, status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED))
+                .update(status=RunStatus.CANCELLED, wake_at=None, updated_at=timezone.now())
+            )
+            if not changed:
+                run.refresh_from_db()
+                if run.status == RunStatus.CANCELLED:
+                    return run, False
+                raise WorkflowRunStateError(f"Run {run.id} is {run.status}: it cannot be cancelled")
+            children = list(
+                self.store.steps()
+                .filter(run_id=run.id, kind=StepKind.CHILD, child_run__isnull=False)
+                .values_list("child_run_id", flat=True)
+            )
+            self.states.settle_parents(run.id, RunStatus.CANCELLED, None, None)
+        for child in children:
+            with contextlib.suppress(WorkflowRunStateError):  # ended meanwhile
+                self.cancel(child)
+        logger.info("Cancelled workflow run %s", run.id)
+        return run, True
+
+    def retry(self, run_id: uuid.UUID | str) -> WorkflowRun:
+        """Reopen a failed run at the step whose failure failed it."""
+        run = self.get(run_id)
+        with self.store.atomic():
+            reopened = self._reopen_failed_run(run)
+            if not run.inline:
+                self.store.notify()
+        logger.info("Retrying workflow run %s (steps: %s)", run.id, ", ".join(reopened) or "none")
+        return run
+
+    def _reopen_failed_run(self, run: WorkflowRun) -> list[str]:
+        """Set a failed run running again and reopen its failed steps: their names."""
+        now = self.clock.now()
+        changed = (
+            self.store.runs()
+            .filter(id=run.id, status=RunStatus.FAILED)
+            .update(
+                status=RunStatus.RUNNING,
+                output=None,
+                error=None,
+                suspend_reason="",
+                wake_at=None if run.inline else now,
+                wakes=F("wakes") + 1,
+                updated_at=timezone.now(),
+            )
+        )
+        if not changed:
+            current = self.get(run.id)
+            raise WorkflowRunStateError(
+                f"Run {run.id} is {current.status}, not failed: only a failed run is retried"
+            )
+        steps = self._steps_that_failed_run(run.id)
+        for step in steps:
+            self._reopen_step(step, now)
+        return [step.name for step in steps]
+
+    def _steps_that_failed_run(self, run_id: uuid.UUID) -> list[WorkflowStep]:
+        """The last step the run reached, if its failure was final, with its failed
+        compensation. Replay creates steps in the order the workflow reaches them, so
+        the step whose failure ended the run is the last one but for its compensation;
+        failures the workflow caught and carried on from are left as they are."""
+        steps = list(self.store.steps().filter(run_id=run_id).order_by("id"))
+        names = {step.name for step in steps}
+
+        def compensates(step: WorkflowStep) -> str | None:
+            match = COMPENSATION_NAME.fullmatch(step.name)
+            return match["step"] if match and match["step"] in names else None
+
+        def failed_for_good(step: WorkflowStep) -> bool:
+            return step.status == StepStatus.FAILED and step.attempt >= step.attempts_allowed
+
+        reached = [step for step in steps if compensates(step) is None]
+        if not reached or not failed_for_good(reached[-1]):
+            return []
+        last = reached[-1]
+        return [last] + [s for s in steps if compensates(s) == last.name and failed_for_good(s)]
+
+    def _reopen_step(self, step: WorkflowStep, now: datetime) -> None:
+        """Give a finally failed step one more attempt (a child step: wait for its child)."""
+        if step.kind == StepKind.CHILD:
+            self._reopen_child_step(step)
+            return
+        won = (
+            self.store.steps()
+            .filter(id=step.id, status=StepStatus.FAILED, attempt=step.attempt)
+            .update(
+                retries=step.attempt,  # attempt < retries + 1: claimable once more
+                available_at=now,
+                lease_expires_at=None,
+                updated_at=timezone.now(),
+            )
+        )
+        if not won:
+            raise _changed_meanwhile(step)
+
+    def _reopen_child_step(self, step: WorkflowStep) -> None:
+        child = (
+            self.store.runs().filter(id=step.child_run_id).first() if step.child_run_id else None
+        )
+        if child is None or child.status == RunStatus.CANCELLED:
+            what = "no longer exists" if child is None else f"{child.id} was cancelled"
+            raise WorkflowRunStateError(
+                f"Step {step.name!r} of run {step.run_id} waited for a child run that {what}: "
+                "it cannot be retried; start a new run"
+            )
+        attempt = step.attempt + 1
+        won = (
+            self.store.steps()
+            .filter(id=step.id, status=StepStatus.FAILED, attempt=step.attempt)
+            .update(
+                status=StepStatus.RUNNING,
+                attempt=attempt,
+                retries=step.retries + 1,
+                result=None,
+                error=None,
+                lease_expires_at=None,  # parked on its child run, as when it started
+                updated_at=timezone.now(),
+            )
+        )
+        if not won:
+            raise _changed_meanwhile(step)
+        self.store.attempts().create(step_id=step.id, attempt=attempt, status=StepStatus.RUNNING)
+        step.status, step.attempt, step.retries = StepStatus.RUNNING, attempt, step.retries + 1
+        if child.status == RunStatus.FAILED:
+            self._reopen_failed_run(child)
+        elif child.status == RunStatus.COMPLETED:
+            # Retried on its own meanwhile: its output settles the step now.
+            self.states.finish_marker(step, StepStatus.SUCCEEDED, result=child.output)
+        # A child running again (retried on its own) settles the step when it ends.
+
+
+def _changed_meanwhile(step: WorkflowStep) -> WorkflowRunStateError:
+    return WorkflowRunStateError(
+        f"Step {step.name!r} of run {step.run_id} changed while it was being retried"
+    )

@@ -1,0 +1,174 @@
+"""The step recorder: what a pass's :class:`WorkflowContext` asks of the engine.
+
+It holds the run's recorded steps (read once per pass, or carried from the last
+one) and writes the steps the workflow reaches; the context only talks to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from pikku_django.models import StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows import registry
+from pikku_django.workflows._inline_steps import InlineSteps
+from pikku_django.workflows._options import resolve_step_options
+from pikku_django.workflows._values import Pause, StepClaimer, StepOptions, to_json
+from pikku_django.workflows.config import EngineConfig
+from pikku_django.workflows.durations import Duration
+from pikku_django.workflows.errors import StepFunctionNotFoundError, serialize_error
+
+
+class StepRecorder:
+    """One pass's memo of a run's steps, and the writes of the steps it reaches."""
+
+    def __init__(
+        self,
+        run: WorkflowRun,
+        steps: dict[str, WorkflowStep],
+        *,
+        config: EngineConfig,
+        inline: InlineSteps,
+        claimer: StepClaimer | None = None,
+    ) -> None:
+        self.run = run
+        self.steps = steps
+        self.config = config
+        self.inline = inline
+        self.states = inline.states
+        self.store = inline.store
+        self.clock = inline.clock
+        #: Set by a worker's pass: the queued step this pass reaches is claimed for
+        #: that worker as it is stored, instead of waiting on the queue.
+        self.claimer = None if run.inline else claimer
+        #: The queued step the pass stopped at, when the claimer takes it.
+        self.claim_request: tuple[str, StepOptions, Any] | None = None
+
+    def recorded(self, name: str) -> WorkflowStep | None:
+        return self.steps.get(name)
+
+    def remember(self, step: WorkflowStep) -> None:
+        self.steps[step.name] = step
+
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    def options(
+        self,
+        fn: str | Callable[..., Any],
+        *,
+        retries: int | None = None,
+        retry_delay: Duration | None = None,
+        backoff: str | None = None,
+        queued: bool | None = None,
+        queue: str | None = None,
+        transactional: bool | None = None,
+    ) -> StepOptions:
+        return resolve_step_options(
+            self.config,
+            fn,
+            retries=retries,
+            retry_delay=retry_delay,
+            backoff=backoff,
+            queued=queued,
+            queue=queue,
+            transactional=transactional,
+        )
+
+    # -- queued steps ----------------------------------------------------------------
+
+    def queue(self, name: str, options: StepOptions, data: Any) -> WorkflowStep:
+        """Store a new queued step: claimed by this pass's claimer (Pause), or scheduled."""
+        payload = to_json(data, f"The input of step {name!r}")
+        if self.claimer is not None and self.claimer.takes(options):
+            self.claim_request = (name, options, payload)
+            raise Pause(None)
+        missing = registry.get_step(options.function) is None
+        step = self.inline.create(
+            self.run,
+            name=name,
+            kind=StepKind.QUEUED,
+            function=options.function,
+            input=payload,
+            status=StepStatus.SUSPENDED if missing else StepStatus.SCHEDULED,
+            error=serialize_error(StepFunctionNotFoundError(options.function)) if missing else None,
+            retries=options.retries,
+            retry_delay=options.retry_delay,
+            backoff=options.backoff,
+            queue=options.queue,
+            transactional=options.transactional,
+            available_at=self.clock.now(),
+        )
+        if not missing:
+            self.store.notify()
+        self.remember(step)
+        return step
+
+    def run_inline(
+        self, name: str, step: WorkflowStep | None, options: StepOptions, data: Any
+    ) -> Any:
+        """Run an inline step in this pass: its result."""
+        return self.inline.run(self.run, name, step, options, data, self.remember)
+
+    # -- children, sleeps, suspensions ------------------------------------------------
+
+    def start_child(self, name: str, workflow: str, data: Any) -> WorkflowStep:
+        payload = to_json(data, f"The input of child workflow step {name!r}")
+        with self.store.atomic():
+            step = self.inline.create(
+                self.run,
+                name=name,
+                kind=StepKind.CHILD,
+                function=workflow,
+                input=payload,
+                status=StepStatus.RUNNING,
+                attempt=1,
+                retries=0,
+            )
+            if step.child_run_id is None:
+                child = self.store.runs().create(
+                    workflow=workflow,
+                    input=payload,
+                    inline=self.run.inline,
+                    wake_at=None if self.run.inline else self.clock.now(),
+                )
+                self.store.steps().filter(id=step.id).update(child_run=child)
+                step.child_run_id = child.id
+                self.store.attempts().get_or_create(step_id=step.id, attempt=1)
+                self.store.notify()
+        self.remember(step)
+        return step
+
+    def start_sleep(self, name: str, seconds: float) -> WorkflowStep:
+        step = self.inline.create(
+            self.run,
+            name=name,
+            kind=StepKind.SLEEP,
+            input={"seconds": seconds},
+            status=StepStatus.SCHEDULED,
+            retries=0,
+            available_at=self.clock.now() + timedelta(seconds=seconds),
+        )
+        self.remember(step)
+        return step
+
+    def finish_sleep(self, step: WorkflowStep) -> None:
+        self.states.finish_marker(step, StepStatus.SUCCEEDED, result=None)
+        step.status = StepStatus.SUCCEEDED
+
+    def start_suspension(self, name: str, reason: str) -> WorkflowStep:
+        step = self.inline.create(
+            self.run,
+            name=name,
+            kind=StepKind.SUSPEND,
+            input={"reason": reason},
+            status=StepStatus.SUSPENDED,
+            retries=0,
+        )
+        self.remember(step)
+        return step
+
+    def suspend_at(self, step: WorkflowStep) -> None:
+        """Suspend the run at ``step``."""
+        self.states.suspend_for_step(self.run, step)

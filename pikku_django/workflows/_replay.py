@@ -1,0 +1,223 @@
+"""One orchestration pass: replay the workflow over its recorded steps, under the
+run's lease, and write where it stopped (parked, claimed a step, or ended)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError
+
+from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError
+from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows import registry
+from pikku_django.workflows._dberrors import is_transient
+from pikku_django.workflows._inline_steps import InlineSteps
+from pikku_django.workflows._recorder import StepRecorder
+from pikku_django.workflows._values import (
+    CarriedRun,
+    ClaimedStep,
+    NewStep,
+    Pause,
+    StepClaimer,
+    StepOptions,
+    to_json,
+)
+from pikku_django.workflows.config import EngineConfig
+from pikku_django.workflows.context import WorkflowContext
+from pikku_django.workflows.errors import (
+    NotSerializableError,
+    StepFunctionNotFoundError,
+    WorkflowStepSupersededError,
+    serialize_error,
+)
+from pikku_django.workflows.logcontext import log_context, workflow_logger
+
+logger = workflow_logger(__name__)
+
+
+class Replay:
+    """Orchestration passes over runs."""
+
+    def __init__(
+        self,
+        inline: InlineSteps,
+        config: Callable[[], EngineConfig],
+        run_lease: Callable[[uuid.UUID], HeldLease],
+    ) -> None:
+        self.inline = inline
+        self.states = inline.states
+        self.store = inline.store
+        self._config = config
+        #: Passing database errors in a row, by run (this process's own count).
+        self._transient: dict[uuid.UUID, int] = {}
+        #: ``run_lease(run_id)``: the lease a pass holds, for a ``with`` block.
+        self.run_lease = run_lease
+
+    def orchestrate(
+        self,
+        run_id: uuid.UUID | str,
+        claimer: StepClaimer | None,
+        held: HeldLease | None,
+        carried: CarriedRun | None,
+    ) -> ClaimedStep | None:
+        with log_context(run_id=str(run_id), step=None, attempt=None):
+            return self._orchestrate(run_id, claimer, held, carried)
+
+    def _orchestrate(
+        self,
+        run_id: uuid.UUID | str,
+        claimer: StepClaimer | None,
+        held: HeldLease | None,
+        carried: CarriedRun | None,
+    ) -> ClaimedStep | None:
+        steps: dict[str, WorkflowStep] | None = None
+        if held is not None and carried is not None:
+            run: WorkflowRun | None = carried.run
+            steps = carried.steps
+        else:
+            run = self.store.runs().filter(id=run_id).order_by().first()
+        if run is None or run.status != RunStatus.RUNNING:
+            return None  # settled or suspended: not replayed, no lease taken
+        claimed = None
+        try:
+            # Every write of the pass is guarded by the run's status (and a park by
+            # its wake count), so the run read before the lease is enough.
+            if held is None:
+                with self.run_lease(run.id):
+                    claimed = self._pass(run, claimer, steps)
+            else:
+                held.vouch()
+                claimed = self._pass(run, claimer, steps)
+                held.vouch()
+            self._transient.pop(run.id, None)
+        except DatabaseError as exc:
+            self._pass_failed(run, exc)
+        except (LeaseTakenError, LeaseLostError) as exc:
+            current = self.store.runs().filter(id=run.id).only("status").first()
+            if current is not None and current.status == RunStatus.RUNNING:
+                logger.info(
+                    "Run %s is orchestrated elsewhere (%s); waking it again shortly",
+                    run.id,
+                    type(exc).__name__,
+                )
+                self.states.wake_soon(run.id)
+            # else: the pass wrote its outcome; it stands
+        # A step claimed by the pass is fenced by its own attempt: it runs even if
+        # the run lease was lost afterwards.
+        return claimed
+
+    def _pass_failed(self, run: WorkflowRun, exc: DatabaseError) -> None:
+        """A database error ended the pass: try again with backoff, and fail the run
+        once a data or programming error has ended its passes too often in a row."""
+        if is_transient(exc):
+            tries = self._transient.get(run.id, 0) + 1
+            self._transient[run.id] = tries
+            if len(self._transient) > 10_000:
+                self._transient.clear()
+            delay = min(2.0 ** (tries - 1), 30.0)
+            logger.warning(
+                "An orchestration pass of run %s hit a passing database error (%s); "
+                "trying again in %gs",
+                run.id,
+                exc,
+                delay,
+            )
+            self.states.wake_soon(run.id, timedelta(seconds=delay))
+            return
+        logger.exception("An orchestration pass of run %s hit a database error", run.id)
+        counted = self.states.count_pass_error(run.id)
+        allowed = self._config().pass_error_tries
+        if counted is not None and counted >= allowed:
+            error = serialize_error(exc)
+            error["message"] = (
+                f"{error.get('message', '')} (the run's orchestration pass hit this database "
+                f"error {counted} time(s) in a row)"
+            )
+            self.states.finish(run, RunStatus.FAILED, error=error)
+            return
+        self.states.wake_soon(run.id, timedelta(seconds=min(2.0 ** ((counted or 1) - 1), 30.0)))
+
+    def _pass(
+        self,
+        run: WorkflowRun,
+        claimer: StepClaimer | None,
+        steps: dict[str, WorkflowStep] | None,
+    ) -> ClaimedStep | None:
+        seen_wakes = run.wakes
+        definition = registry.get_workflow(run.workflow)
+        if definition is None:
+            self.states.suspend(
+                run, f"WORKFLOW_NOT_FOUND: no workflow is registered as {run.workflow!r}"
+            )
+            return None
+        if steps is None:
+            steps = {
+                step.name: step for step in self.store.steps().filter(run_id=run.id).order_by()
+            }
+        recorder = StepRecorder(
+            run, steps, config=self._config(), inline=self.inline, claimer=claimer
+        )
+        ctx = WorkflowContext(recorder)
+        try:
+            output = definition.fn(ctx, ctx.input)
+        except Pause as pause:
+            if recorder.claim_request is not None and recorder.claimer is not None:
+                name, options, payload = recorder.claim_request
+                return self._claim_new_step(recorder, seen_wakes, name, options, payload)
+            self.states.park(run, seen_wakes, pause.wake_at)
+            return None
+        except StepFunctionNotFoundError as exc:
+            self.states.suspend(run, f"RPC_NOT_FOUND: {exc}")
+            return None
+        except (WorkflowStepSupersededError, LeaseLostError, DatabaseError):
+            raise
+        except Exception as exc:
+            self.states.finish(run, RunStatus.FAILED, error=serialize_error(exc))
+            return None
+        try:
+            payload = to_json(output, f"The output of workflow {run.workflow!r}")
+        except NotSerializableError as exc:
+            self.states.finish(run, RunStatus.FAILED, error=serialize_error(exc))
+            return None
+        self.states.finish(run, RunStatus.COMPLETED, output=payload)
+        return None
+
+    def _claim_new_step(
+        self,
+        recorder: StepRecorder,
+        seen_wakes: int,
+        name: str,
+        options: StepOptions,
+        payload: Any,
+    ) -> ClaimedStep | None:
+        """Store the queued step a pass reached as claimed by its claimer, parking the run."""
+        run, claimer = recorder.run, recorder.claimer
+        assert claimer is not None
+        lease_ms = self._config().lease_ms_for_queue(options.queue)
+        new = NewStep.of(run, name, StepKind.QUEUED, options, payload)
+        stored = self.store.insert_claimed(
+            new, lease_ms=lease_ms, worker=claimer.worker, park_wakes=seen_wakes
+        )
+        if stored is None:
+            # Stored meanwhile by another pass, or the run stopped running: look again.
+            self.states.wake(run.id)
+            return None
+        step_id, stored_input = stored
+        row = WorkflowStep(id=step_id, **new.columns(), status=StepStatus.RUNNING, attempt=1)
+        row.input = stored_input
+        recorder.remember(row)
+        return ClaimedStep(
+            step_id=step_id,
+            run_id=run.id,
+            name=name,
+            function=options.function,
+            input=stored_input,  # as every later attempt reads it from the database
+            attempt=1,
+            transactional=options.transactional,
+            lease_ms=lease_ms,
+            queue=options.queue,
+            carried=CarriedRun(run, recorder.steps),
+        )

@@ -1,0 +1,184 @@
+"""The run state machine: ending, suspending, waking and parking runs, and the
+steps that settle with a run (child steps, sleeps, suspensions)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError
+from django.db.models import F
+from django.utils import timezone
+
+from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows.clock import Clock
+from pikku_django.workflows.logcontext import workflow_logger
+from pikku_django.workflows.store import WorkflowStore
+
+logger = workflow_logger(__name__)
+
+#: How long a pass whose run lease is held elsewhere waits before trying again.
+LEASE_TAKEN_RETRY = timedelta(seconds=1)
+
+
+class RunStates:
+    """Moves runs between statuses; every write is guarded by the status it expects."""
+
+    def __init__(self, store: WorkflowStore, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+
+    def wake(self, run_id: uuid.UUID, at: datetime | None = None) -> None:
+        """Mark a running run as needing a pass (now, or at ``at``)."""
+        changed = (
+            self.store.runs()
+            .filter(id=run_id, status=RunStatus.RUNNING)
+            .update(wake_at=at or self.clock.now(), wakes=F("wakes") + 1, updated_at=timezone.now())
+        )
+        if changed:
+            self.store.notify()
+
+    def wake_soon(self, run_id: uuid.UUID, after: timedelta = LEASE_TAKEN_RETRY) -> None:
+        """Wake a run ``after`` from now (a second by default): spends no retry budget."""
+        try:
+            self.store.runs().filter(id=run_id, status=RunStatus.RUNNING).update(
+                wake_at=self.clock.now() + after, wakes=F("wakes") + 1
+            )
+        except DatabaseError:
+            logger.exception(
+                "Could not reschedule run %s; its pass timeout or the recovery sweep will",
+                run_id,
+            )
+
+    def park(self, run: WorkflowRun, seen_wakes: int, wake_at: datetime | None) -> None:
+        """Record when the run next needs a pass, unless something woke it meanwhile."""
+        self.store.runs().filter(id=run.id, status=RunStatus.RUNNING, wakes=seen_wakes).update(
+            wake_at=None if run.inline else wake_at, pass_errors=0, updated_at=timezone.now()
+        )
+
+    def count_pass_error(self, run_id: uuid.UUID) -> int | None:
+        """Count one more pass that a data or programming error ended: how many in a
+        row now (None if the run is no longer running, or the count failed too)."""
+        try:
+            with self.store.atomic():
+                changed = (
+                    self.store.runs()
+                    .filter(id=run_id, status=RunStatus.RUNNING)
+                    .update(pass_errors=F("pass_errors") + 1)
+                )
+                if not changed:
+                    return None
+                found = self.store.runs().filter(id=run_id).values_list("pass_errors", flat=True)
+                return int(found.get())
+        except DatabaseError:
+            logger.exception("Could not count the failed pass of run %s", run_id)
+            return None
+
+    def finish(
+        self, run: WorkflowRun, status: str, *, output: Any = None, error: Any = None
+    ) -> None:
+        """End a running run (completed, failed) and settle the parent steps waiting on it."""
+        changed = self.store.finish_run(run.id, status, output, error)
+        if changed is None:
+            with self.store.atomic():
+                changed = bool(
+                    self.store.runs()
+                    .filter(id=run.id, status=RunStatus.RUNNING)
+                    .update(
+                        status=status,
+                        output=output,
+                        error=error,
+                        wake_at=None,
+                        updated_at=timezone.now(),
+                    )
+                )
+                if changed:
+                    self.settle_parents(run.id, status, output, error)
+        if changed:
+            logger.info("Workflow run %s %s", run.id, status)
+
+    def settle_parents(self, child_id: uuid.UUID, status: str, output: Any, error: Any) -> None:
+        """A child run ended: settle the parent steps waiting on it and wake their runs."""
+        parents = list(self.store.steps().filter(child_run_id=child_id, status=StepStatus.RUNNING))
+        for step in parents:
+            if status == RunStatus.COMPLETED:
+                self.finish_marker(step, StepStatus.SUCCEEDED, result=output)
+            else:
+                failure = error or {
+                    "type": "WorkflowCancelled",
+                    "message": f"Child run {child_id} was {status}",
+                    "code": "CHILD_" + status.upper(),
+                }
+                self.finish_marker(step, StepStatus.FAILED, error=failure, final=True)
+            self.wake(step.run_id)
+
+    def suspend(self, run: WorkflowRun, reason: str) -> None:
+        changed = (
+            self.store.runs()
+            .filter(id=run.id, status=RunStatus.RUNNING)
+            .update(
+                status=RunStatus.SUSPENDED,
+                suspend_reason=reason,
+                wake_at=None,
+                updated_at=timezone.now(),
+            )
+        )
+        if changed:
+            logger.info("Workflow run %s suspended: %s", run.id, reason)
+
+    def suspend_for_step(self, run: WorkflowRun, step: WorkflowStep) -> None:
+        """Suspend the run at ``step`` (a ``ctx.suspend``, or a missing function)."""
+        reason = step.error.get("message", "") if isinstance(step.error, dict) else ""
+        if step.kind == StepKind.SUSPEND:
+            reason = step.input.get("reason", "") if isinstance(step.input, dict) else ""
+        elif isinstance(step.error, dict) and step.error.get("code"):
+            reason = f"{step.error['code']}: {reason}"
+        self.suspend(run, reason)
+
+    def finish_marker(
+        self,
+        step: WorkflowStep,
+        status: str,
+        *,
+        result: Any = None,
+        error: Any = None,
+        final: bool = False,
+    ) -> None:
+        """Settle a step that has no worker attempt of its own (sleep, suspend, child)."""
+        with self.store.atomic():
+            attempt = max(step.attempt, 1)
+            self.store.steps().filter(id=step.id).exclude(status=StepStatus.SUCCEEDED).update(
+                status=status,
+                result=result,
+                error=error,
+                attempt=attempt,
+                lease_expires_at=None,
+                retries=0 if final else step.retries,
+                updated_at=timezone.now(),
+            )
+            self.store.attempts().update_or_create(
+                step_id=step.id,
+                attempt=attempt,
+                defaults={
+                    "status": status,
+                    "result": result,
+                    "error": error,
+                    "finished_at": timezone.now(),
+                },
+            )
+
+    def inline_root(self, run_id: uuid.UUID) -> uuid.UUID:
+        """The top run of the tree of parent runs that ``run_id`` is a child of."""
+        seen = {run_id}
+        while True:
+            parent = (
+                self.store.steps()
+                .filter(child_run_id=run_id, kind=StepKind.CHILD)
+                .values_list("run_id", flat=True)
+                .first()
+            )
+            if parent is None or parent in seen:
+                return run_id
+            seen.add(parent)
+            run_id = parent

@@ -1,0 +1,234 @@
+"""The values the engine's parts hand each other: options, claims, outcomes."""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pikku_django.models import StepKind, WorkflowRun, WorkflowStep
+from pikku_django.workflows import registry
+from pikku_django.workflows.errors import NotSerializableError
+
+
+def to_json(value: Any, what: str) -> Any:
+    """``value`` as it will read back from the database; NotSerializableError if it is
+    not JSON, or holds a NUL character (which PostgreSQL cannot store in JSON)."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise NotSerializableError(
+            f"{what} is not JSON-serialisable ({exc}); return plain dicts, lists, str, "
+            f"int, float, bool or None"
+        ) from exc
+    if "\\u0000" in text and _has_nul(value):
+        raise NotSerializableError(
+            f"{what} holds a NUL character (\\x00), which not every database stores; "
+            "remove it or encode the value (e.g. base64)"
+        )
+    return json.loads(text)
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def default_worker_id() -> str:
+    """This thread's name in attempt rows: host, process and thread."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+class StepOutcome(enum.StrEnum):
+    """How executing a claimed step ended."""
+
+    SUCCEEDED = "succeeded"
+    #: Failed with attempts left: a retry is scheduled.
+    RETRYING = "retrying"
+    #: Failed with no attempt left.
+    FAILED = "failed"
+    #: A newer attempt replaced this one: nothing was recorded.
+    SUPERSEDED = "superseded"
+    #: Its function is not registered here: the run is suspended (RPC_NOT_FOUND).
+    SUSPENDED = "suspended"
+    #: Its run was cancelled (or otherwise ended) while a transactional step ran: the
+    #: step's writes were rolled back.
+    RUN_STOPPED = "run_stopped"
+
+
+class Wake(enum.Enum):
+    """What settling a step does to its run."""
+
+    #: Wake it for any worker now, and announce it.
+    NOW = "now"
+    #: The thread that settled the step passes the run next; should it die first,
+    #: the run falls due for any worker once the run lease (and a margin) has passed.
+    PASS = "pass"  # noqa: S105 (not a password)
+    #: Leave the run as it is (a retry is due later, or the pass is running).
+    NONE = "none"
+
+    @classmethod
+    def of(cls, wake: bool | str | Wake) -> Wake:
+        """``wake`` as given by callers: True (now), "pass" (this thread), False (no)."""
+        if isinstance(wake, Wake):
+            return wake
+        if wake is True:
+            return cls.NOW
+        return cls.PASS if wake == "pass" else cls.NONE
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How one ``ctx.do`` call runs its step, after defaults are applied."""
+
+    kind: str
+    function: str
+    fn: Callable[..., Any] | None
+    retries: int
+    retry_delay: float
+    backoff: str
+    queue: str
+    transactional: bool
+
+
+@dataclass(frozen=True)
+class NewStep:
+    """The columns of a step row written with its first attempt."""
+
+    run_id: uuid.UUID
+    name: str
+    kind: str
+    function: str
+    input: Any
+    retries: int
+    retry_delay: float
+    backoff: str
+    queue: str
+    transactional: bool
+
+    @classmethod
+    def of(
+        cls, run: WorkflowRun, name: str, kind: str, options: StepOptions, payload: Any
+    ) -> NewStep:
+        return cls(
+            run_id=run.id,
+            name=name,
+            kind=kind,
+            function=options.function,
+            input=payload,
+            retries=options.retries,
+            retry_delay=options.retry_delay,
+            backoff=options.backoff,
+            queue=options.queue,
+            transactional=options.transactional,
+        )
+
+    def columns(self) -> dict[str, Any]:
+        """The step's columns as model field values."""
+        return {
+            "run_id": self.run_id,
+            "name": self.name,
+            "kind": self.kind,
+            "function": self.function,
+            "input": self.input,
+            "retries": self.retries,
+            "retry_delay": self.retry_delay,
+            "backoff": self.backoff,
+            "queue": self.queue,
+            "transactional": self.transactional,
+        }
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A settled attempt: its run as the settle found it, and the result as stored."""
+
+    run_id: uuid.UUID
+    run_status: str
+    run_wakes: int
+    result: Any
+
+
+@dataclass(frozen=True)
+class NextDue:
+    """When the earliest queued work falls due: a step lease lapses (``lapse_in_ms``
+    from the store's clock), a retry or sleep is due, or a run wakes."""
+
+    lapse_in_ms: int | None
+    step_due: datetime | None
+    run_due: datetime | None
+
+
+@dataclass
+class CarriedRun:
+    """A run as a worker thread's last pass left it, when that pass stopped at the
+    step it claimed: every other step it read was settled, and settled steps do not
+    change. Once the claimed step succeeds, the thread's next pass (under the run
+    lease it kept) starts from here instead of reading the run and its steps again;
+    every write of a pass stays guarded by the run's status in the database.
+    """
+
+    run: WorkflowRun
+    steps: dict[str, WorkflowStep]
+
+
+@dataclass(frozen=True)
+class ClaimedStep:
+    """A step this worker has claimed: its writes must carry ``attempt``."""
+
+    step_id: int
+    run_id: uuid.UUID
+    name: str
+    function: str
+    input: Any
+    attempt: int
+    transactional: bool
+    lease_ms: int
+    queue: str
+    #: Whether the step was taken from a worker whose lease lapsed (a recovery).
+    reclaimed: bool = False
+    #: The run as the pass that claimed this step left it (see CarriedRun).
+    carried: CarriedRun | None = field(default=None, compare=False, repr=False)
+    #: When the claim was made (this process's monotonic clock): renewals count from it.
+    claimed_at: float = field(default_factory=time.monotonic, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class StepClaimer:
+    """A worker thread that runs the queued step a pass reaches, when it may."""
+
+    worker: str
+    #: The queues the worker serves (all when empty).
+    queues: tuple[str, ...] = ()
+
+    def takes(self, options: StepOptions) -> bool:
+        return (
+            options.kind == StepKind.QUEUED
+            and (not self.queues or options.queue in self.queues)
+            and registry.get_step(options.function) is not None
+        )
+
+
+class Pause(BaseException):
+    """Ends an orchestration pass at a step that is not settled.
+
+    A BaseException, so a workflow's own ``except Exception`` cannot swallow it.
+    ``wake_at`` is when the run needs its next pass (None: when something wakes it).
+    """
+
+    def __init__(self, wake_at: datetime | None = None) -> None:
+        super().__init__(wake_at)
+        self.wake_at = wake_at

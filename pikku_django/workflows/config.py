@@ -1,0 +1,87 @@
+"""The engine's settings, read from ``PIKKU`` into one frozen object."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from pikku_django.conf import pikku_settings
+from pikku_django.workflows.durations import parse_duration
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything a :class:`~pikku_django.workflows.WorkflowEngine` reads from settings.
+
+    Built from ``PIKKU`` by :meth:`from_settings`; give one to an engine to run it
+    with other values than the project's (several engines can coexist).
+    """
+
+    database: str = "default"
+    step_retries: int = 5
+    step_retry_delay: float = 1.0
+    step_backoff: str = "fixed"
+    step_lease_ms: int = 60_000
+    queue_lease_ms: MappingProxyType[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    run_lease_ms: int = 30_000
+    run_pass_timeout: float = 300.0
+    notify: bool = True
+    prepared_statements: bool = True
+    #: How often a pass that hit a data or programming error is tried before the run fails.
+    pass_error_tries: int = 3
+    #: Whether a worker thread carries a run on from the step it settled to its next pass.
+    carry_runs: bool = True
+
+    @classmethod
+    def from_settings(cls, **overrides: Any) -> EngineConfig:
+        """The values of ``settings.PIKKU`` (with ``overrides`` on top)."""
+        s = pikku_settings
+        values: dict[str, Any] = {
+            "database": s.WORKFLOW_DATABASE,
+            "step_retries": int(s.STEP_RETRIES),
+            "step_retry_delay": parse_duration(s.STEP_RETRY_DELAY, what="STEP_RETRY_DELAY"),
+            "step_backoff": str(s.STEP_BACKOFF),
+            "step_lease_ms": int(s.STEP_LEASE_MS),
+            "queue_lease_ms": MappingProxyType(
+                {str(k): int(v) for k, v in (s.QUEUE_LEASE_MS or {}).items()}
+            ),
+            "run_lease_ms": int(s.RUN_LEASE_MS),
+            "run_pass_timeout": float(s.RUN_PASS_TIMEOUT),
+            "notify": bool(s.WORKER_NOTIFY),
+            "prepared_statements": bool(s.PREPARED_STATEMENTS),
+            "pass_error_tries": int(s.PASS_ERROR_TRIES),
+            "carry_runs": bool(s.CARRY_RUNS),
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    def lease_ms_for_queue(self, queue: str) -> int:
+        """The step lease of ``queue``: its own, or the default."""
+        return int(self.queue_lease_ms.get(queue, self.step_lease_ms))
+
+
+_lock = threading.Lock()
+_current: EngineConfig | None = None
+
+
+def engine_config() -> EngineConfig:
+    """The project's engine settings, read once until ``PIKKU`` changes."""
+    global _current
+    found = _current
+    if found is None:
+        with _lock:
+            found = _current = _current or EngineConfig.from_settings()
+    return found
+
+
+@receiver(setting_changed)
+def _reset_on_change(*, setting: str, **kwargs: Any) -> None:
+    global _current
+    if setting == "PIKKU":
+        with _lock:
+            _current = None

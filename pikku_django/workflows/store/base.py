@@ -1,0 +1,203 @@
+"""What the engine asks of the database holding its runs, steps and attempts.
+
+Each operation is one atomic unit and is written once per database vendor (see
+:func:`pikku_django.workflows.store.store_for`). Values written are handed back as
+a read of the database returns them.
+"""
+
+from __future__ import annotations
+
+import abc
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import models
+from django.db.models import QuerySet
+
+from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.workflows._values import NewStep, NextDue, Settled, Wake
+from pikku_django.workflows.config import EngineConfig, engine_config
+
+#: The PostgreSQL channel that new work is announced on.
+CHANNEL = "pikku_work"
+
+
+def columns(model: type[models.Model], names: Sequence[str], quote: Callable[[str], str]) -> str:
+    """The quoted columns of ``model``'s fields ``names`` (field or attribute names)."""
+    meta = model._meta
+    by_name = {f.name: f for f in meta.concrete_fields} | {
+        f.attname: f for f in meta.concrete_fields
+    }
+    return ", ".join(quote(str(by_name[name].column)) for name in names)
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A run handed to the engine to create: a registered workflow's name, its input
+    (plain JSON) and, optionally, the idempotency key that makes it unique."""
+
+    workflow: str
+    input: Any
+    idempotency_key: str | None = None
+
+
+class WorkflowStore(abc.ABC):
+    """The workflow tables' operations on one database (``using``)."""
+
+    vendor: str = ""
+    #: Whether :meth:`ready_steps_exist` says no only when no step is ready (else it
+    #: may say yes to let the claim's own query decide).
+    exact_ready_look: bool = False
+
+    def __init__(self, using: str, config: Callable[[], EngineConfig] = engine_config) -> None:
+        self.using = using
+        self._config = config
+
+    @property
+    def notifying(self) -> bool:
+        """Whether new work is announced (``PIKKU["WORKER_NOTIFY"]``)."""
+        return self._config().notify
+
+    @property
+    def prepared(self) -> bool:
+        """Whether statements are prepared (``PIKKU["PREPARED_STATEMENTS"]``)."""
+        return self._config().prepared_statements
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def runs(self) -> QuerySet[WorkflowRun]:
+        return WorkflowRun.objects.using(self.using)
+
+    def steps(self) -> QuerySet[WorkflowStep]:
+        return WorkflowStep.objects.using(self.using)
+
+    def attempts(self) -> QuerySet[StepAttempt]:
+        return StepAttempt.objects.using(self.using)
+
+    @abc.abstractmethod
+    def atomic(self) -> AbstractContextManager[Any]:
+        """A transaction (or savepoint) on the store's database."""
+
+    @abc.abstractmethod
+    def notify(self) -> None:
+        """Tell idle workers there is new work, when the current transaction commits."""
+
+    @abc.abstractmethod
+    def claims_serialised(self) -> AbstractContextManager[Any]:
+        """A lock this process's claims take in turn where the database needs it."""
+
+    # -- steps: the hot path -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def insert_settled(
+        self,
+        step: NewStep,
+        *,
+        status: str,
+        result: Any,
+        error: Any,
+        available_at: datetime | None,
+        worker: str,
+        started_at: datetime,
+    ) -> tuple[int, Any] | None:
+        """Insert a step with its first attempt already settled, while its run is
+        running: its id and result as stored; None (nothing written) if the step
+        exists or the run is no longer running."""
+
+    @abc.abstractmethod
+    def insert_claimed(
+        self, step: NewStep, *, lease_ms: int, worker: str, park_wakes: int
+    ) -> tuple[int, Any] | None:
+        """Insert a step running as attempt 1 under this worker's lease, and park its
+        run unless it was woken since ``park_wakes``: its id and input as stored; None
+        (nothing written) if the step exists or the run is no longer running."""
+
+    @abc.abstractmethod
+    def settle(
+        self,
+        step_id: int,
+        attempt: int,
+        status: str,
+        *,
+        result: Any = None,
+        error: Any = None,
+        available_at: datetime | None = None,
+        retries: int | None = None,
+        wake: Wake = Wake.NONE,
+        wake_at: datetime | None = None,
+    ) -> Settled | None:
+        """Write an attempt's outcome on its step and history row, fenced by
+        ``attempt`` (only while the step is still running under it). With
+        :attr:`Wake.NOW` wake its run at ``wake_at`` (counted, announced); with
+        :attr:`Wake.PASS` make it due at ``wake_at`` (not counted).
+
+        None if the attempt was superseded (nothing written).
+        """
+
+    @abc.abstractmethod
+    def claim_attempt(
+        self, step: WorkflowStep, guard: models.Q, *, lease_ms: int, worker: str
+    ) -> bool:
+        """Start attempt ``step.attempt + 1`` under this worker's lease, if the step
+        still matches ``guard`` and its run is running (one guarded UPDATE, and the
+        attempt's history row): whether this caller won."""
+
+    @abc.abstractmethod
+    def refresh_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:
+        """Extend (or, with None, park) the claim of ``attempt``; False once replaced."""
+
+    # -- finding work --------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID]:
+        """Runs due at ``now`` (oldest due first, skipping locked ones), each pushed
+        back to ``until`` while its pass runs."""
+
+    @abc.abstractmethod
+    def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
+        """Whether a queued step may be ready to claim (a cheap look, before claiming)."""
+
+    @abc.abstractmethod
+    def lock_ready_steps(
+        self, now: datetime, queues: Sequence[str], limit: int
+    ) -> list[WorkflowStep]:
+        """Ready queued steps of running worker runs, locked for the caller's
+        transaction (others skipped), with ``store_now`` (epoch ms) on each."""
+
+    @abc.abstractmethod
+    def ready_steps_of(self, run_ids: Sequence[uuid.UUID], now: datetime) -> list[WorkflowStep]:
+        """Ready queued steps of the runs ``run_ids`` (an inline tree), oldest first."""
+
+    @abc.abstractmethod
+    def next_due(self, now: datetime, queues: Sequence[str]) -> NextDue:
+        """When queued work next falls due after ``now``."""
+
+    @abc.abstractmethod
+    def next_due_of(self, run_ids: Sequence[uuid.UUID]) -> datetime | None:
+        """When a queued step or timer of the runs ``run_ids`` next falls due."""
+
+    @abc.abstractmethod
+    def stalled_runs(self, idle_since: datetime, limit: int) -> list[uuid.UUID]:
+        """Running worker runs that nothing will wake: not due, no step in flight,
+        unchanged since ``idle_since``."""
+
+    @abc.abstractmethod
+    def work_pending(self, until: datetime, queues: Sequence[str]) -> bool:
+        """Whether a run is due, or a queued step ready or running, by ``until``."""
+
+    # -- runs --------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def finish_run(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool | None:
+        """End a run no parent step waits on in one statement: whether it changed;
+        None where the caller must do it in a transaction (a parent waits, or the
+        store has no one-statement form)."""
+
+    @abc.abstractmethod
+    def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
+        """Create ``runs``, due at ``wake_at``, in the caller's transaction: each one's
+        id, which is the existing run's where its idempotency key is taken."""

@@ -1,0 +1,370 @@
+"""The workflow store through Django's ORM: every database, each operation in one
+transaction. Vendors override what they do faster or differently."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import Exists, F, Max, Min, OuterRef, Q, QuerySet
+from django.utils import timezone
+
+from pikku_django.dbclock import EpochMs
+from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._values import NewStep, NextDue, Settled, Wake
+from pikku_django.workflows.config import EngineConfig, engine_config
+from pikku_django.workflows.store.base import CHANNEL, NewRun, WorkflowStore
+
+
+def ready(now: datetime) -> Q:
+    """The one rule of a step ready to be claimed at ``now``: scheduled (or pending)
+    and due, failed with an attempt left and due, or running under a lapsed lease."""
+    return (
+        Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING), available_at__lte=now)
+        | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1, available_at__lte=now)
+        | Q(status=StepStatus.RUNNING, lease_expires_at__lt=EpochMs())
+    )
+
+
+def in_flight() -> Q:
+    """A step that will wake its run by itself: scheduled, pending, suspended, waiting
+    for a retry, or running under a live (or parked, null) lease."""
+    return (
+        Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.SUSPENDED))
+        | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1)
+        | Q(status=StepStatus.RUNNING, lease_expires_at__isnull=True)
+        | Q(status=StepStatus.RUNNING, lease_expires_at__gte=EpochMs())
+    )
+
+
+def waiting(now: datetime | None = None) -> Q:
+    """A step whose timer (a retry's delay, a sleep, a schedule) is still to fall due."""
+    q = Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING), available_at__isnull=False) | Q(
+        status=StepStatus.FAILED, attempt__lt=F("retries") + 1, available_at__isnull=False
+    )
+    return q if now is None else q & Q(available_at__gt=now)
+
+
+class OrmStore(WorkflowStore):
+    """Every operation through the ORM."""
+
+    vendor = "generic"
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def atomic(self) -> AbstractContextManager[Any]:
+        return transaction.atomic(using=self.using)
+
+    def notify(self) -> None:
+        pass  # polled
+
+    def claims_serialised(self) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def as_stored(self, step_id: int, field: str, value: Any) -> Any:
+        """``value`` as a read of the step's ``field`` returns it."""
+        return value
+
+    def worker_runs(self) -> QuerySet[WorkflowRun]:
+        """Running runs a worker passes (not inline ones)."""
+        return self.runs().filter(status=RunStatus.RUNNING, inline=False)
+
+    # -- steps: the hot path -----------------------------------------------------------
+
+    def insert_settled(
+        self,
+        step: NewStep,
+        *,
+        status: str,
+        result: Any,
+        error: Any,
+        available_at: datetime | None,
+        worker: str,
+        started_at: datetime,
+    ) -> tuple[int, Any] | None:
+        now = timezone.now()
+        try:
+            with self.atomic():
+                if not self.runs().filter(id=step.run_id, status=RunStatus.RUNNING).exists():
+                    return None
+                row = self.steps().create(
+                    **step.columns(),
+                    status=status,
+                    result=result,
+                    error=error,
+                    attempt=1,
+                    available_at=available_at,
+                )
+                self.attempts().create(
+                    step_id=row.id,
+                    attempt=1,
+                    status=status,
+                    result=result,
+                    error=error,
+                    worker=worker[:255],
+                    finished_at=now,
+                )
+                # auto_now_add cannot be set on create: the attempt started earlier.
+                self.attempts().filter(step_id=row.id, attempt=1).update(started_at=started_at)
+        except IntegrityError:
+            return None
+        return row.id, self.as_stored(row.id, "result", result)
+
+    def insert_claimed(
+        self, step: NewStep, *, lease_ms: int, worker: str, park_wakes: int
+    ) -> tuple[int, Any] | None:
+        try:
+            with self.atomic():
+                if not self.runs().filter(id=step.run_id, status=RunStatus.RUNNING).exists():
+                    return None  # only a running run's steps are claimed
+                row = self.steps().create(
+                    **step.columns(),
+                    status=StepStatus.RUNNING,
+                    attempt=1,
+                    available_at=None,
+                    lease_expires_at=EpochMs() + int(lease_ms),
+                )
+                self.attempts().create(
+                    step_id=row.id, attempt=1, status=StepStatus.RUNNING, worker=worker[:255]
+                )
+                self.runs().filter(
+                    id=step.run_id,
+                    status=RunStatus.RUNNING,
+                    wakes=park_wakes,
+                    wake_at__isnull=False,
+                ).update(wake_at=None, updated_at=timezone.now())
+        except IntegrityError:
+            return None
+        return row.id, self.as_stored(row.id, "input", step.input)
+
+    def settle(
+        self,
+        step_id: int,
+        attempt: int,
+        status: str,
+        *,
+        result: Any = None,
+        error: Any = None,
+        available_at: datetime | None = None,
+        retries: int | None = None,
+        wake: Wake = Wake.NONE,
+        wake_at: datetime | None = None,
+    ) -> Settled | None:
+        now = timezone.now()
+        with self.atomic():
+            run_id = (
+                self.steps()
+                .filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
+                .select_for_update()
+                .values_list("run_id", flat=True)
+                .first()
+            )
+            if run_id is None:
+                return None
+            self.steps().filter(id=step_id).update(
+                status=status,
+                lease_expires_at=None,
+                updated_at=now,
+                result=result,
+                error=error,
+                available_at=available_at,
+                retries=F("retries") if retries is None else retries,
+            )
+            self.attempts().filter(step_id=step_id, attempt=attempt).update(
+                status=status, finished_at=now, result=result, error=error
+            )
+            # The run as it was before any wake this settle makes.
+            run_status, run_wakes = (
+                self.runs().filter(id=run_id).values_list("status", "wakes").get()
+            )
+            if wake is not Wake.NONE:
+                counted = 1 if wake is Wake.NOW else 0
+                woken = (
+                    self.runs()
+                    .filter(id=run_id, status=RunStatus.RUNNING)
+                    .update(wake_at=wake_at or now, wakes=F("wakes") + counted, updated_at=now)
+                )
+                if woken and wake is Wake.NOW:
+                    self.notify()
+        return Settled(run_id, run_status, run_wakes, self.as_stored(step_id, "result", result))
+
+    def claim_attempt(self, step: WorkflowStep, guard: Q, *, lease_ms: int, worker: str) -> bool:
+        attempt = step.attempt + 1
+        # Only a step of a running run is claimed, by whichever route: a cancelled
+        # (or otherwise settled) run's steps never run again.
+        live_runs = self.runs().filter(status=RunStatus.RUNNING).values("id")
+        with self.atomic():
+            won = (
+                self.steps()
+                .filter(guard, id=step.id, run_id__in=live_runs)
+                .update(
+                    status=StepStatus.RUNNING,
+                    attempt=attempt,
+                    result=None,
+                    error=None,
+                    available_at=None,
+                    lease_expires_at=EpochMs() + lease_ms,
+                    updated_at=timezone.now(),
+                )
+            )
+            if not won:
+                return False
+            self.attempts().create(
+                step_id=step.id, attempt=attempt, status=StepStatus.RUNNING, worker=worker[:255]
+            )
+        return True
+
+    def refresh_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:
+        expires = None if lease_ms is None else EpochMs() + int(lease_ms)
+        return bool(
+            self.steps()
+            .filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
+            .update(lease_expires_at=expires)
+        )
+
+    # -- finding work --------------------------------------------------------------------
+
+    def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID]:
+        with self.claims_serialised(), self.atomic():
+            ids = list(
+                self.worker_runs()
+                .filter(wake_at__lte=now)
+                .order_by("wake_at")
+                .select_for_update(skip_locked=True)
+                .values_list("id", flat=True)[:limit]
+            )
+            if ids:
+                self.runs().filter(id__in=ids).update(wake_at=until)
+        return ids
+
+    def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
+        return True  # the claim's own query is as cheap here
+
+    def _queued(self, queues: Sequence[str]) -> QuerySet[WorkflowStep]:
+        steps = self.steps().filter(kind=StepKind.QUEUED)
+        return steps.filter(queue__in=list(queues)) if queues else steps
+
+    def lock_ready_steps(
+        self, now: datetime, queues: Sequence[str], limit: int
+    ) -> list[WorkflowStep]:
+        return list(
+            self._queued(queues)
+            .filter(ready(now), run_id__in=self.worker_runs().values("id"))
+            .order_by("id")
+            .select_for_update(skip_locked=True)
+            .annotate(store_now=EpochMs())[:limit]
+        )
+
+    def ready_steps_of(self, run_ids: Sequence[uuid.UUID], now: datetime) -> list[WorkflowStep]:
+        return list(
+            self._queued(())
+            .annotate(store_now=EpochMs())
+            .filter(ready(now), run_id__in=list(run_ids))
+            .order_by("id")
+        )
+
+    def next_due(self, now: datetime, queues: Sequence[str]) -> NextDue:
+        steps = self._queued(queues)
+        lapse = steps.filter(status=StepStatus.RUNNING, lease_expires_at__gt=EpochMs()).aggregate(
+            at=Min("lease_expires_at"), now=Max(EpochMs())
+        )
+        due = steps.filter(waiting(now)).aggregate(at=Min("available_at"))["at"]
+        wake = self.worker_runs().filter(wake_at__gt=now).aggregate(at=Min("wake_at"))["at"]
+        lapse_in = None
+        if lapse["at"] is not None and lapse["now"] is not None:
+            lapse_in = int(lapse["at"] - lapse["now"])
+        return NextDue(lapse_in_ms=lapse_in, step_due=due, run_due=wake)
+
+    def next_due_of(self, run_ids: Sequence[uuid.UUID]) -> datetime | None:
+        found = (
+            self.steps()
+            .filter(waiting(), run_id__in=list(run_ids))
+            .aggregate(at=Min("available_at"))
+        )
+        at: datetime | None = found["at"]
+        return at
+
+    def stalled_runs(self, idle_since: datetime, limit: int) -> list[uuid.UUID]:
+        flying = self.steps().filter(run_id=OuterRef("id")).filter(in_flight())
+        return list(
+            self.worker_runs()
+            .filter(wake_at__isnull=True, updated_at__lt=idle_since)
+            .exclude(Exists(flying))
+            .order_by()
+            .values_list("id", flat=True)[:limit]
+        )
+
+    def work_pending(self, until: datetime, queues: Sequence[str]) -> bool:
+        if self.worker_runs().filter(wake_at__lte=until).exists():
+            return True
+        steps = self._queued(queues).filter(run__status=RunStatus.RUNNING, run__inline=False)
+        return (
+            steps.filter(
+                status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.RUNNING),
+                available_at__lte=until,
+            ).exists()
+            or steps.filter(status=StepStatus.RUNNING).exists()
+        )
+
+    # -- runs --------------------------------------------------------------------------
+
+    def finish_run(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool | None:
+        return None
+
+    def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
+        ids = []
+        for new in runs:
+            try:
+                with self.atomic():
+                    run = self.runs().create(
+                        workflow=new.workflow,
+                        input=new.input,
+                        idempotency_key=new.idempotency_key,
+                        wake_at=wake_at,
+                    )
+                ids.append(run.id)
+            except IntegrityError:
+                if new.idempotency_key is None:
+                    raise
+                ids.append(
+                    self.runs()
+                    .values_list("id", flat=True)
+                    .get(workflow=new.workflow, idempotency_key=new.idempotency_key)
+                )
+        if ids:
+            self.notify()
+        return ids
+
+
+class SqliteStore(OrmStore):
+    """SQLite: one writer, so this process's claims take turns."""
+
+    vendor = "sqlite"
+
+    def __init__(self, using: str, config: Callable[[], EngineConfig] = engine_config) -> None:
+        super().__init__(using, config)
+        self._claims = threading.Lock()
+
+    def claims_serialised(self) -> AbstractContextManager[Any]:
+        return self._claims
+
+
+class MysqlStore(OrmStore):
+    """MariaDB and MySQL."""
+
+    vendor = "mysql"
+
+    def as_stored(self, step_id: int, field: str, value: Any) -> Any:
+        # MySQL's JSON type reorders keys and normalises numbers; MariaDB keeps the text.
+        if value is None or getattr(connections[self.using], "mysql_is_mariadb", False):
+            return value
+        return self.steps().filter(id=step_id).values_list(field, flat=True).first()
+
+
+__all__ = ["CHANNEL", "MysqlStore", "OrmStore", "SqliteStore", "in_flight", "ready", "waiting"]

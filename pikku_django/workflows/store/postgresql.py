@@ -1,0 +1,398 @@
+"""The workflow store on PostgreSQL: each hot operation as one prepared statement
+(data-modifying CTEs), which needs no BEGIN or COMMIT of its own.
+
+Tables and columns are named from the models' ``_meta``; statements are built once
+per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+from django.utils import timezone
+
+from pikku_django.dbclock import POSTGRESQL_NOW_MS
+from pikku_django.models import (
+    RunStatus,
+    StepAttempt,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+)
+from pikku_django.prepared import fetch, fetch_one
+from pikku_django.workflows._values import NewStep, Settled, Wake
+from pikku_django.workflows.store.base import CHANNEL, NewRun, columns
+from pikku_django.workflows.store.orm import OrmStore
+
+#: The columns of a new step, as :class:`NewStep` names them.
+NEW_STEP_FIELDS = (
+    "run_id",
+    "name",
+    "kind",
+    "function",
+    "input",
+    "retries",
+    "retry_delay",
+    "backoff",
+    "queue",
+    "transactional",
+)
+#: Then the columns every insert of a step writes after those.
+STEP_STATE_FIELDS = (
+    "status",
+    "result",
+    "error",
+    "attempt",
+    "available_at",
+    "lease_expires_at",
+    "created_at",
+    "updated_at",
+)
+RUN_FIELDS = ("id", "workflow", "status", "input", "output", "error", "suspend_reason")
+RUN_FIELDS_REST = ("inline", "idempotency_key", "wake_at", "wakes", "created_at", "updated_at")
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _t(model: type[Any]) -> str:
+    return _q(model._meta.db_table)
+
+
+def _c(model: type[Any], name: str) -> str:
+    return columns(model, (name,), _q)
+
+
+#: Tables and the columns the statements use, by their model names.
+RUNS, STEPS, ATTEMPTS = _t(WorkflowRun), _t(WorkflowStep), _t(StepAttempt)
+
+
+def _ready_branches() -> list[tuple[str, str]]:
+    """The one rule of a ready step, as SQL: each branch's condition (the first two
+    take ``now`` as a parameter) and the column its index orders it by."""
+
+    def s(name: str) -> str:
+        return _c(WorkflowStep, name)
+
+    return [
+        (
+            f"{s('status')} IN ('{StepStatus.SCHEDULED}', '{StepStatus.PENDING}') "
+            f"AND {s('available_at')} <= %s",
+            s("available_at"),
+        ),
+        (
+            f"{s('status')} = '{StepStatus.FAILED}' AND {s('attempt')} < {s('retries')} + 1 "
+            f"AND {s('available_at')} <= %s",
+            s("available_at"),
+        ),
+        (
+            f"{s('status')} = '{StepStatus.RUNNING}' "
+            f"AND {s('lease_expires_at')} < {POSTGRESQL_NOW_MS}",
+            s("lease_expires_at"),
+        ),
+    ]
+
+
+def _ready_exists(queue: str) -> str:
+    """Whether a queued step is ready: one EXISTS per branch, each read in its
+    partial index's order, so that even a generic plan takes the index."""
+    kind = f"{_c(WorkflowStep, 'kind')} = '{StepKind.QUEUED}'"
+    return "SELECT " + " OR ".join(
+        f"EXISTS (SELECT 1 FROM {STEPS} WHERE {kind} AND {cond}{queue} ORDER BY {order} LIMIT 1)"
+        for cond, order in _ready_branches()
+    )
+
+
+@functools.cache
+def _statements() -> dict[str, str]:
+    """Each statement, built on first use."""
+    step, run, att = WorkflowStep, WorkflowRun, StepAttempt
+
+    def s(name: str) -> str:
+        return _c(step, name)
+
+    def r(name: str) -> str:
+        return _c(run, name)
+
+    def a(name: str) -> str:
+        return _c(att, name)
+
+    new_cols = columns(step, NEW_STEP_FIELDS + STEP_STATE_FIELDS, _q)
+    new_vals = "%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s"
+    run_is_running = f"EXISTS (SELECT 1 FROM {RUNS} WHERE {r('id')} = %s AND {r('status')} = %s)"
+    conflict = f"ON CONFLICT ({s('run_id')}, {s('name')}) DO NOTHING"
+    attempt_cols = columns(att, ("step_id", "attempt", "status", "result", "error"), _q)
+    attempt_tail = columns(att, ("worker", "started_at", "finished_at"), _q)
+    return {
+        "claim_due_runs": (
+            f"UPDATE {RUNS} SET {r('wake_at')} = %s WHERE {r('id')} IN ("
+            f"SELECT {r('id')} FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
+            f"AND NOT {r('inline')} "
+            f"AND {r('wake_at')} <= %s ORDER BY {r('wake_at')} LIMIT %s "
+            f"FOR UPDATE SKIP LOCKED) RETURNING {r('id')}"
+        ),
+        # One statement per shape, so that a generic plan fits each.
+        "ready_steps_exist": _ready_exists(""),
+        "ready_steps_exist_on": _ready_exists(f" AND {s('queue')} = ANY(%s)"),
+        "finish_run": (
+            f"WITH p AS (SELECT EXISTS (SELECT 1 FROM {STEPS} WHERE {s('child_run')} = %s "
+            f"AND {s('status')} = %s) AS waiting), "
+            f"r AS (UPDATE {RUNS} SET {r('status')} = %s, {r('output')} = %s::jsonb, "
+            f"{r('error')} = %s::jsonb, {r('wake_at')} = NULL, {r('updated_at')} = %s "
+            f"WHERE {r('id')} = %s AND {r('status')} = %s AND NOT (SELECT waiting FROM p) "
+            f"RETURNING {r('id')}) "
+            f"SELECT EXISTS (SELECT 1 FROM r), (SELECT waiting FROM p)"
+        ),
+        "insert_settled": (
+            f"WITH s AS (INSERT INTO {STEPS} ({new_cols}) "
+            f"SELECT {new_vals}, %s, %s::jsonb, %s::jsonb, 1, %s, NULL, %s, %s "
+            f"WHERE {run_is_running} {conflict} "
+            f"RETURNING {s('id')} AS id, {s('result')} AS result) "
+            f"INSERT INTO {ATTEMPTS} ({attempt_cols}, {attempt_tail}) "
+            f"SELECT id, 1, %s, result, %s::jsonb, %s, %s, %s FROM s "
+            f"RETURNING {a('step_id')}, {a('result')}::text"
+        ),
+        "insert_claimed": (
+            f"WITH s AS (INSERT INTO {STEPS} ({new_cols}) "
+            f"SELECT {new_vals}, %s, NULL, NULL, 1, NULL, {POSTGRESQL_NOW_MS} + %s, %s, %s "
+            f"WHERE {run_is_running} {conflict} RETURNING {s('id')} AS id, {s('input')} AS input), "
+            f"a AS (INSERT INTO {ATTEMPTS} "
+            f"({columns(att, ('step_id', 'attempt', 'status', 'worker', 'started_at'), _q)}) "
+            f"SELECT id, 1, %s, %s, %s FROM s), "
+            f"r AS (UPDATE {RUNS} SET {r('wake_at')} = NULL, {r('updated_at')} = %s "
+            f"WHERE {r('id')} = %s AND {r('status')} = %s AND {r('wakes')} = %s "
+            f"AND {r('wake_at')} IS NOT NULL AND EXISTS (SELECT 1 FROM s)) "
+            f"SELECT id, input::text FROM s"
+        ),
+        "settle": (
+            f"WITH s AS (UPDATE {STEPS} SET {s('status')} = %s, {s('lease_expires_at')} = NULL, "
+            f"{s('updated_at')} = %s, {s('result')} = %s::jsonb, {s('error')} = %s::jsonb, "
+            f"{s('available_at')} = %s, {s('retries')} = COALESCE(%s, {s('retries')}) "
+            f"WHERE {s('id')} = %s AND {s('attempt')} = %s AND {s('status')} = %s "
+            f"RETURNING {s('run_id')} AS run_id, {s('result')}::text AS result), "
+            f"a AS (UPDATE {ATTEMPTS} SET {a('status')} = %s, {a('finished_at')} = %s, "
+            f"{a('result')} = %s::jsonb, {a('error')} = %s::jsonb "
+            f"WHERE {a('step_id')} = %s AND {a('attempt')} = %s AND EXISTS (SELECT 1 FROM s)), "
+            f"r AS (UPDATE {RUNS} SET {r('wake_at')} = %s, {r('wakes')} = {r('wakes')} + %s, "
+            f"{r('updated_at')} = %s WHERE %s AND {r('id')} = (SELECT run_id FROM s) "
+            f"AND {r('status')} = %s RETURNING 1) "
+            f"SELECT s.run_id, s.result, run.{r('status')}, run.{r('wakes')}, "
+            f"(SELECT count(pg_notify(%s, '')) FROM r WHERE %s) "
+            f"FROM s JOIN {RUNS} run ON run.{r('id')} = s.run_id"
+        ),
+        "create_runs": (
+            f"INSERT INTO {RUNS} ({columns(run, RUN_FIELDS + RUN_FIELDS_REST, _q)}) "
+            f"SELECT u, w, %s, i::jsonb, NULL, NULL, '', false, k, %s, 0, %s, %s "
+            f"FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[]) "
+            f"WITH ORDINALITY AS n(u, w, i, k, o) "
+            f"ORDER BY o ON CONFLICT ({r('workflow')}, {r('idempotency_key')}) DO NOTHING "
+            f"RETURNING {r('id')}"
+        ),
+        "runs_with_keys": (
+            f"SELECT {r('id')}, {r('workflow')}, {r('idempotency_key')} FROM {RUNS} "
+            f"WHERE ({r('workflow')}, {r('idempotency_key')}) IN "
+            f"(SELECT * FROM unnest(%s::text[], %s::text[]))"
+        ),
+    }
+
+
+class PostgresStore(OrmStore):
+    """PostgreSQL: the hot path as single statements, and LISTEN/NOTIFY."""
+
+    vendor = "postgresql"
+    exact_ready_look = True
+
+    def _sql(self, name: str) -> str:
+        return _statements()[name]
+
+    def notify(self) -> None:
+        if not self.notifying:
+            return
+        with connections[self.using].cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+
+    def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID]:
+        rows = fetch(self.using, self._sql("claim_due_runs"), [until, now, limit])
+        return [row[0] for row in rows]
+
+    def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
+        if queues:
+            served = list(queues)
+            sql, params = self._sql("ready_steps_exist_on"), [now, served, now, served, served]
+        else:
+            sql, params = self._sql("ready_steps_exist"), [now, now]
+        return bool(fetch_one(self.using, sql, params)[0])
+
+    def finish_run(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool | None:
+        # Only a run no parent step waits on: a parent's step settles in the same
+        # transaction as its child's end, which the ORM path does.
+        params = [
+            run_id,
+            StepStatus.RUNNING,
+            status,
+            _jsonb(output),
+            _jsonb(error),
+            timezone.now(),
+            run_id,
+            RunStatus.RUNNING,
+        ]
+        changed, waiting = fetch_one(self.using, self._sql("finish_run"), params)
+        return None if waiting else bool(changed)
+
+    @staticmethod
+    def _step_params(step: NewStep) -> list[Any]:
+        values = step.columns()
+        values["input"] = _jsonb(step.input)
+        return [values[name] for name in NEW_STEP_FIELDS]
+
+    def insert_settled(
+        self,
+        step: NewStep,
+        *,
+        status: str,
+        result: Any,
+        error: Any,
+        available_at: datetime | None,
+        worker: str,
+        started_at: datetime,
+    ) -> tuple[int, Any] | None:
+        now = timezone.now()
+        res, err = _jsonb(result), _jsonb(error)
+        params = [
+            *self._step_params(step),
+            status,
+            res,
+            err,
+            available_at,
+            now,
+            now,
+            step.run_id,
+            RunStatus.RUNNING,
+            status,
+            err,
+            worker[:255],
+            started_at,
+            now,
+        ]
+        row = fetch_one(self.using, self._sql("insert_settled"), params)
+        return None if row is None else (row[0], _loads(row[1]))
+
+    def insert_claimed(
+        self, step: NewStep, *, lease_ms: int, worker: str, park_wakes: int
+    ) -> tuple[int, Any] | None:
+        now = timezone.now()
+        params = [
+            *self._step_params(step),
+            StepStatus.RUNNING,
+            int(lease_ms),
+            now,
+            now,
+            step.run_id,
+            RunStatus.RUNNING,
+            StepStatus.RUNNING,
+            worker[:255],
+            now,
+            now,
+            step.run_id,
+            RunStatus.RUNNING,
+            park_wakes,
+        ]
+        row = fetch_one(self.using, self._sql("insert_claimed"), params)
+        return None if row is None else (row[0], _loads(row[1]))
+
+    def settle(
+        self,
+        step_id: int,
+        attempt: int,
+        status: str,
+        *,
+        result: Any = None,
+        error: Any = None,
+        available_at: datetime | None = None,
+        retries: int | None = None,
+        wake: Wake = Wake.NONE,
+        wake_at: datetime | None = None,
+    ) -> Settled | None:
+        now = timezone.now()
+        waking = wake is Wake.NOW
+        touching = wake is not Wake.NONE
+        res, err = _jsonb(result), _jsonb(error)
+        params = [
+            status,
+            now,
+            res,
+            err,
+            available_at,
+            retries,
+            step_id,
+            attempt,
+            StepStatus.RUNNING,
+            status,
+            now,
+            res,
+            err,
+            step_id,
+            attempt,
+            (wake_at or now) if touching else None,
+            1 if waking else 0,
+            now,
+            touching,
+            RunStatus.RUNNING,
+            CHANNEL,
+            waking and self.notifying,
+        ]
+        row = fetch_one(self.using, self._sql("settle"), params)
+        if row is None:
+            return None
+        # The run as this statement's snapshot saw it (before any wake it made).
+        return Settled(row[0], row[2], row[3], _loads(row[1]))
+
+    def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
+        if not runs:
+            return []
+        now = timezone.now()
+        ids = [uuid.uuid4() for _ in runs]
+        params = [
+            RunStatus.RUNNING,
+            wake_at,
+            now,
+            now,
+            ids,
+            [new.workflow for new in runs],
+            [_jsonb(new.input) for new in runs],
+            [new.idempotency_key for new in runs],
+        ]
+        made = {row[0] for row in fetch(self.using, self._sql("create_runs"), params)}
+        if len(made) < len(runs):  # some keys were taken (or repeated): those runs exist
+            taken = [new for i, new in zip(ids, runs, strict=True) if i not in made]
+            rows = fetch(
+                self.using,
+                self._sql("runs_with_keys"),
+                [[new.workflow for new in taken], [new.idempotency_key for new in taken]],
+            )
+            existing = {(w, k): i for i, w, k in rows}
+            ids = [
+                i if i in made else existing[(new.workflow, new.idempotency_key)]
+                for i, new in zip(ids, runs, strict=True)
+            ]
+        if made:
+            self.notify()
+        return ids
+
+
+def _loads(text: str | None) -> Any:
+    """A JSON column read back as text, decoded as the ORM decodes it."""
+    return None if text is None else json.loads(text)
+
+
+def _jsonb(value: Any) -> str | None:
+    """A JSON value as text for a ``::jsonb`` parameter (SQL NULL for None, as the ORM)."""
+    return None if value is None else json.dumps(value)

@@ -1,0 +1,175 @@
+"""Every query the worker runs on a schedule is backed by an index on PostgreSQL.
+
+On tables holding a million bulk-loaded steps, each statement's plan (the generic
+plan a prepared statement settles on, and the custom plan) scans no runs or steps
+table sequentially, and costs too little for the server to JIT-compile it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from pikku_django.workflows.store.postgresql import PostgresStore, _statements
+from tests.conftest import database_alias, db_mark
+
+RUNS, STEPS = 100_000, 1_000_000
+SLEEPING, FAILED = 10_000, 5_000
+#: PostgreSQL JIT-compiles plans above this cost by default (jit_above_cost).
+JIT_ABOVE_COST = 100_000
+TABLES = ("pikku_workflow_run", "pikku_workflow_step", "pikku_step_attempt")
+
+
+@pytest.fixture(scope="module")
+def alias() -> str:
+    return database_alias("postgres")
+
+
+def _load(alias: str) -> None:
+    """Completed runs of ten succeeded steps each, sleeping runs and failed runs."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO pikku_workflow_run (id, workflow, status, input, output, error,
+                suspend_reason, inline, idempotency_key, wake_at, wakes, pass_errors,
+                created_at, updated_at)
+            SELECT gen_random_uuid(), 'bulk',
+                CASE WHEN g <= %s THEN 'running' WHEN g <= %s THEN 'failed'
+                     ELSE 'completed' END,
+                NULL, NULL, NULL, '', false, NULL,
+                CASE WHEN g <= %s THEN now() + interval '1 day' END, 0, 0,
+                now() - interval '2 days', now() - interval '1 day'
+            FROM generate_series(1, %s) g
+            """,
+            [SLEEPING, SLEEPING + FAILED, SLEEPING, RUNS],
+        )
+        cursor.execute(
+            """
+            INSERT INTO pikku_workflow_step (run_id, name, kind, function, input, status,
+                result, error, retries, retry_delay, backoff, attempt, lease_expires_at,
+                child_run_id, queue, transactional, available_at, created_at, updated_at)
+            SELECT r.id, 's' || n,
+                CASE WHEN r.status = 'running' AND n = 10 THEN 'sleep' ELSE 'queued' END,
+                'fn', NULL,
+                CASE WHEN r.status = 'running' AND n = 10 THEN 'scheduled'
+                     WHEN r.status = 'failed' AND n = 10 THEN 'failed'
+                     ELSE 'succeeded' END,
+                NULL, NULL, 5, 1, 'fixed',
+                CASE WHEN r.status = 'failed' AND n = 10 THEN 6 ELSE 1 END,
+                NULL, NULL, 'default', false,
+                CASE WHEN r.status = 'running' AND n = 10 THEN now() + interval '1 day' END,
+                r.created_at, r.updated_at
+            FROM pikku_workflow_run r CROSS JOIN generate_series(1, %s) n
+            """,
+            [STEPS // RUNS],
+        )
+        cursor.execute("ANALYZE pikku_workflow_run")
+        cursor.execute("ANALYZE pikku_workflow_step")
+
+
+def _plans(alias: str, sql: str, params: list[Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The custom plan of ``sql`` with ``params``, then the generic plan of it prepared."""
+    numbered = sql
+    for i in range(1, len(params) + 1):
+        numbered = numbered.replace("%s", f"${i}", 1)
+    with connections[alias].cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        yield "custom", _json(cursor.fetchone()[0])
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            cursor.execute("PREPARE pikku_explained AS " + numbered)
+            try:
+                cursor.execute(
+                    "EXPLAIN (FORMAT JSON) EXECUTE pikku_explained("
+                    + ", ".join(["%s"] * len(params))
+                    + ")",
+                    params,
+                )
+                yield "generic", _json(cursor.fetchone()[0])
+            finally:
+                cursor.execute("DEALLOCATE pikku_explained")
+        finally:
+            cursor.execute("RESET plan_cache_mode")
+
+
+def _json(value: Any) -> dict[str, Any]:
+    plan = json.loads(value) if isinstance(value, str) else value
+    return plan[0]["Plan"]
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _check(name: str, kind: str, plan: dict[str, Any]) -> list[str]:
+    problems = []
+    for node in _nodes(plan):
+        if node["Node Type"] == "Seq Scan" and node.get("Relation Name") in TABLES:
+            problems.append(f"{name} ({kind} plan) scans {node['Relation Name']}")
+    if plan["Total Cost"] >= JIT_ABOVE_COST:
+        problems.append(f"{name} ({kind} plan) costs {plan['Total Cost']}: JIT-compiled")
+    return problems
+
+
+def _orm_statements(alias: str, store: PostgresStore, now: Any) -> list[tuple[str, str]]:
+    """The ORM statements the worker's scheduled calls run, as they ran."""
+    found = []
+    calls = {
+        "lock_ready_steps": lambda: store.lock_ready_steps(now, [], 1),
+        "lock_ready_steps_on": lambda: store.lock_ready_steps(now, ["default"], 1),
+        "next_due": lambda: store.next_due(now, []),
+        "stalled_runs": lambda: store.stalled_runs(now - timedelta(seconds=300), 500),
+        "work_pending": lambda: store.work_pending(now, []),
+    }
+    for name, call in calls.items():
+        with CaptureQueriesContext(connections[alias]) as captured, store.atomic():
+            call()
+        for n, query in enumerate(q["sql"] for q in captured.captured_queries):
+            if query.startswith(("SAVEPOINT", "RELEASE", "BEGIN", "COMMIT")):
+                continue
+            found.append((f"{name}#{n}", query))
+    return found
+
+
+@pytest.mark.parametrize("vendor", [pytest.param("postgres", marks=db_mark("postgres"))])
+def test_the_workers_scheduled_queries_use_indexes_on_a_million_steps(
+    vendor: str, alias: str
+) -> None:
+    _load(alias)
+    store = PostgresStore(alias)
+    now = timezone.now()
+    statements = _statements()
+    cases: list[tuple[str, str, list[Any]]] = [
+        ("claim_due_runs", statements["claim_due_runs"], [now, now, 10]),
+        ("ready_steps_exist", statements["ready_steps_exist"], [now, now]),
+        (
+            "ready_steps_exist_on",
+            statements["ready_steps_exist_on"],
+            [now, ["default"], now, ["default"], ["default"]],
+        ),
+    ]
+    problems: list[str] = []
+    seen = []
+    for name, sql, params in cases:
+        for kind, plan in _plans(alias, sql, params):
+            seen.append((name, kind))
+            problems += _check(name, kind, plan)
+    # The ORM's statements run unprepared: their custom plan is the one they get.
+    for name, sql in _orm_statements(alias, store, now):
+        with connections[alias].cursor() as cursor:
+            cursor.execute("EXPLAIN (FORMAT JSON) " + sql.replace("%", "%%"))
+            plan = _json(cursor.fetchone()[0])
+        seen.append((name, "custom"))
+        problems += _check(name, "custom", plan)
+    assert ("ready_steps_exist", "generic") in seen
+    assert any(name.startswith("stalled_runs") for name, _ in seen)
+    assert problems == [], "\n".join(problems)
