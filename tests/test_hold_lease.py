@@ -14,6 +14,7 @@ from pikku_django.leases import (
     Lease,
     LeaseLostError,
     LeaseTakenError,
+    LeaseTokens,
     hold_lease,
 )
 from pikku_django.leases.hold import renewal_interval_s
@@ -96,7 +97,7 @@ def test_release_failure_does_not_hide_the_body_result(caplog: pytest.LogCapture
         def release(self, lease: Lease) -> bool:
             raise ConnectionError("store unreachable")
 
-    with hold_lease("job", service=NoRelease(), ttl_ms=TTL) as held:
+    with hold_lease("job", service=NoRelease(tokens=LeaseTokens()), ttl_ms=TTL) as held:
         token = held.token
     assert token == 1
     assert "lapses by itself" in caplog.text
@@ -151,7 +152,7 @@ def test_many_holders_only_one_enters() -> None:
 
 
 def test_function_form_returns_the_body_result() -> None:
-    service = InMemoryLeaseService()
+    service = InMemoryLeaseService(tokens=LeaseTokens())
     assert hold_lease("job", lambda held: held.token * 10, service=service, ttl_ms=TTL) == 10
     assert service.get("job") is None
 
