@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import operator
 import re
+import select
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,8 +29,34 @@ def fetch(using: str, sql: str, params: list[Any]) -> list[Any]:
     return fetch_on(connections[using], sql, params)
 
 
+def closed_by_server(raw: Any) -> bool:
+    """Whether the server has closed this idle DB-API connection (restarted, or ended
+    the session): its socket has something to read while no statement runs. No round
+    trip; False for a connection without a socket (SQLite)."""
+    if raw is None:
+        return True
+    fileno = getattr(raw, "fileno", None)
+    if fileno is None:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(fileno(), select.POLLIN | select.POLLPRI)
+    except (OSError, ValueError, AttributeError):  # closed already, or no poll() here
+        return bool(getattr(raw, "closed", False))
+    return bool(poller.poll(0))
+
+
+def _replace_if_closed(connection: Any) -> None:
+    """Close Django's connection outside a transaction if its server closed it, so
+    the next statement reconnects instead of failing."""
+    raw = connection.connection
+    if raw is not None and not connection.in_atomic_block and closed_by_server(raw):
+        connection.close()
+
+
 def fetch_on(connection: Any, sql: str, params: list[Any]) -> list[Any]:
     """:func:`fetch` on a connection object (``connections[using]``)."""
+    _replace_if_closed(connection)
     vendor = connection.vendor
     if vendor == "sqlite":
         return _run_on_sqlite(connection, sql, params, _ROWS)
@@ -103,6 +130,7 @@ def _qmark(sql: str) -> str:
 def fetch_nothing_on(connection: Any, sql: str, params: list[Any]) -> int:
     """Run a statement that returns no rows on a connection object, as :func:`fetch_on`
     runs one: the number of rows it changed."""
+    _replace_if_closed(connection)
     if connection.vendor == "sqlite":
         return int(_run_on_sqlite(connection, sql, params, _ROWCOUNT))
     with connection.cursor() as cursor:

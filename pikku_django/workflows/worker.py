@@ -468,6 +468,12 @@ class Worker:
             logger.info("Run %s is orchestrated elsewhere; waking it again shortly", run_id)
             self.engine.retry_pass_soon(run_id)
             return None
+        except Exception:
+            # The lease store failed: the run, claimed until its pass timeout, must not
+            # wait that long for the store to come back.
+            logger.warning("Could not take the lease of run %s; waking it again shortly", run_id)
+            self.engine.retry_pass_soon(run_id)
+            raise
 
     def _give_back(self, held: HeldLease) -> None:
         """Release a run lease held across passes; each pass vouched for itself."""
