@@ -15,6 +15,7 @@ import functools
 import operator
 import re
 import select
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,8 +51,27 @@ def _replace_if_closed(connection: Any) -> None:
     """Close Django's connection outside a transaction if its server closed it, so
     the next statement reconnects instead of failing."""
     raw = connection.connection
-    if raw is not None and not connection.in_atomic_block and closed_by_server(raw):
-        connection.close()
+    if raw is None or connection.in_atomic_block or not closed_by_server(raw):
+        return
+    if connection.vendor == "postgresql" and not _postgresql_said_goodbye(raw):
+        return  # a notification for a LISTEN of the project's own, say
+    connection.close()
+
+
+def _postgresql_said_goodbye(raw: Any) -> bool:
+    """Whether what waits on an idle PostgreSQL connection is its end: nothing more, or
+    an error (sent to an idle session only to end it). Under TLS it cannot be told, and
+    the next statement finds out."""
+    if raw.pgconn.ssl_in_use:
+        return False
+    try:
+        with socket.fromfd(raw.fileno(), socket.AF_INET, socket.SOCK_STREAM) as sock:
+            first = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return first in (b"", b"E")
 
 
 def fetch_on(connection: Any, sql: str, params: list[Any]) -> list[Any]:

@@ -99,3 +99,26 @@ def test_prepared_statements_reconnect_once_the_server_ended_the_session(vendor:
     row = prepared.fetch_one(alias, SESSION_ID[connections[alias].vendor], [])
     assert int(row[0]) != session
     assert prepared.fetch_nothing_on(connections[alias], "SELECT 1", []) >= 0
+
+
+@on_databases("postgres", transaction=True)
+def test_a_notification_waiting_on_djangos_connection_is_not_taken_for_its_end(
+    vendor: str,
+) -> None:
+    alias = database_alias(vendor)
+    connection = connections[alias]
+    connection.ensure_connection()
+    raw = connection.connection
+    raw.execute("LISTEN pikku_test_reconnect")
+    session = int(prepared.fetch_one(alias, "SELECT pg_backend_pid()", [])[0])
+    template = connections[alias]
+    sender = type(template)(template.settings_dict, alias)
+    try:
+        with sender.cursor() as cursor:
+            cursor.execute("NOTIFY pikku_test_reconnect, 'hello'")
+    finally:
+        sender.close()
+    time.sleep(0.2)
+    assert int(prepared.fetch_one(alias, "SELECT pg_backend_pid()", [])[0]) == session
+    assert connection.connection is raw
+    raw.execute("UNLISTEN *")
