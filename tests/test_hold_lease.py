@@ -205,3 +205,43 @@ def test_vouch_asks_the_store_once_the_last_renewal_is_old() -> None:
         service.fail_refresh = None
         with pytest.raises(LeaseLostError):
             held.vouch()
+
+
+class StuckLeaseService(InMemoryLeaseService):
+    """An in-memory service whose refresh can be made to hang (a store that stopped
+    answering on a connection without a timeout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answering = threading.Event()
+        self.answering.set()
+
+    def refresh(self, lease: Lease, ttl_ms: int) -> Lease | None:
+        self.answering.wait()
+        return super().refresh(lease, ttl_ms)
+
+
+def test_a_renewal_stuck_past_expiry_loses_the_lease_and_is_not_waited_for() -> None:
+    service = StuckLeaseService()
+    try:
+        with pytest.raises(LeaseLostError), hold_lease("job", service=service, ttl_ms=TTL) as held:
+            service.answering.clear()
+            stuck_at = time.monotonic()
+            assert held.lost.wait(3 * TTL / 1000), "a renewal hung and nobody was told"
+            assert time.monotonic() - stuck_at <= TTL / 1000 + 0.3
+            leaving = time.monotonic()
+        assert time.monotonic() - leaving < TTL / 1000, "leaving waited for the stuck renewal"
+    finally:
+        service.answering.set()
+
+
+def test_a_renewal_slow_inside_the_lease_loses_nothing() -> None:
+    service = StuckLeaseService()
+    with hold_lease("job", service=service, ttl_ms=TTL) as held:
+        time.sleep(renewal_interval_s(TTL) * 1.1)
+        service.answering.clear()
+        time.sleep(TTL / 1000 / 3)  # well inside the lease the first renewal asked for
+        service.answering.set()
+        time.sleep(TTL / 1000 / 3)
+        assert not held.lost.is_set()
+    assert service.get("job") is None
