@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
+from django.db import connections
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepAttempt, WorkflowRun
@@ -167,3 +168,35 @@ def test_worker_carries_on_after_its_connection_stalls(vendor: str, proxy_for: A
         worker__contains=f":{stalled.pid}:", started_at__gt=restored_at
     )
     assert after.exists(), f"the stalled worker did no work after the stall:\n{outputs[0]}"
+
+
+@on_databases("postgres")
+def test_worker_listens_again_once_its_session_is_ended(vendor: str) -> None:
+    alias = database_alias(vendor)
+    worker = Worker(alias, vendor)
+    try:
+        wait_for(lambda: len(listeners(alias)) == 1, 60, "the worker to listen")
+        (session,) = listeners(alias)
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [session])
+        wait_for(
+            lambda: len(listeners(alias)) == 1 and session not in listeners(alias),
+            30,
+            "the worker to listen on a new session",
+        )
+        run_ids = start_runs(alias, 17)
+        wait_for(lambda: all_ended(alias, run_ids), 60, "the runs to end")
+        assert worker.alive()
+    finally:
+        code, out = worker.stop()
+    assert problems_in(alias, run_ids) == [], out
+    assert code == 0, out
+
+
+def listeners(alias: str) -> set[int]:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query ILIKE 'LISTEN pikku_work%%'"
+        )
+        return {int(row[0]) for row in cursor.fetchall()}
