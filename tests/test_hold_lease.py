@@ -245,3 +245,16 @@ def test_a_renewal_slow_inside_the_lease_loses_nothing() -> None:
         time.sleep(TTL / 1000 / 3)
         assert not held.lost.is_set()
     assert service.get("job") is None
+
+
+def test_leaving_while_a_renewal_is_stuck_waits_no_longer_than_the_lease() -> None:
+    service = StuckLeaseService()
+    try:
+        with pytest.raises(LeaseLostError), hold_lease("job", service=service, ttl_ms=TTL):
+            time.sleep(renewal_interval_s(TTL) * 0.5)
+            service.answering.clear()
+            time.sleep(renewal_interval_s(TTL) * 0.7)  # the first renewal is under way
+            leaving = time.monotonic()
+        assert time.monotonic() - leaving <= TTL / 1000 + 0.3
+    finally:
+        service.answering.set()

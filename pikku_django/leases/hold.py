@@ -158,7 +158,9 @@ class HeldLease:
             self._mark_lost("its renewal thread died")
 
     def _expired_while_renewing(self) -> None:
-        if not self._stop.is_set() and time.monotonic() >= self._held_until:
+        # Due only while a renewal is unanswered (answered ones cancel it), also when
+        # the block has ended meanwhile and is waiting for that renewal.
+        if time.monotonic() >= self._held_until:
             self._mark_lost("a renewal was still unanswered when it expired")
 
     def _stop_renewing(self) -> None:
