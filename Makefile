@@ -90,7 +90,8 @@ bench-throughput: $(VENV)/.bench-installed
 	$(VENV)/bin/python benchmarks/throughput.py
 
 bench-chaos: $(VENV)/.installed
-	$(VENV)/bin/python benchmarks/chaos.py
+	$(VENV)/bin/python benchmarks/chaos.py --database postgres
+	$(VENV)/bin/python benchmarks/chaos.py --database mariadb
 
 bench-webhooks: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/webhooks.py

@@ -1,4 +1,5 @@
-"""A chaos run on PostgreSQL: workers SIGKILLed and SIGSTOPped while runs proceed.
+"""A chaos run on PostgreSQL or MariaDB: workers SIGKILLed and SIGSTOPped, and their
+database away for a while, while runs proceed.
 
 ``--runs`` runs (default 300) of the ``bench.chaos`` workflow (``benchmarks/bench_app``),
 each of 5 steps that work for a random 50-500 ms (``--step-ms``); steps 0, 2 and 4
@@ -13,8 +14,12 @@ them, with a short step lease (``--lease-ms``, 3000). For ``--seconds`` (30), or
 until every run has ended: worker A is SIGKILLed and restarted every
 ``--kill-every`` seconds on average (3; each wait drawn from 0.5x-1.5x), and worker
 B is SIGSTOPped every ``--stop-every`` seconds (8) for ``--stop-for`` seconds
-(lease + 1.5 s), past its step lease, then SIGCONTinued. Then the script waits for
-every run to end (the drain) and checks the rows:
+(lease + 1.5 s), past its step lease, then SIGCONTinued. The workers reach their
+database through a fault-injecting proxy (``tests/faultproxy.py``): ``--outage-at``
+seconds (10) into the chaos, every worker's connection is reset and new ones are
+refused for ``--outage-for`` seconds (10; 0 for none), as when the database server
+goes away; no kill or stop begins meanwhile. Then the script waits for every run to
+end (the drain) and checks the rows:
 
 1. runs completed: every run, none failed, suspended or still running;
 2. results from a superseded attempt: 0. For each step, the StepAttempt history
@@ -28,7 +33,8 @@ every run to end (the drain) and checks the rows:
 4. each run's output is its steps' stored results.
 
 It prints the time to drain (from the end of the chaos to the last run's end),
-the kills and stops, and how many steps ran more than once (allowed: plain steps
+the kills and stops, the time from the end of the outage to the first step
+completed after it, and how many steps ran more than once (allowed: plain steps
 are at-least-once, and a transactional step's superseded execution rolls back),
 then one JSON object. Exit status 1 if a check fails.
 
@@ -39,11 +45,14 @@ The workers run with ``RUN_LEASE_MS`` = the step lease, ``RUN_PASS_TIMEOUT`` 5 s
 the drain time. Run it from the repository root:
 
     .venv/bin/python benchmarks/chaos.py
+    .venv/bin/python benchmarks/chaos.py --database mariadb
     .venv/bin/python benchmarks/chaos.py --runs 1000 --seconds 120
 
-The database is ``PIKKU_BENCH_WORKFLOWS_URL`` (default
-postgres://postgres@127.0.0.1:5432/pikku_bench_workflows); chaos rows left by an
-earlier run are deleted first. Progress goes to stderr; stdout gets the report
+``--database postgres`` (the default) is ``PIKKU_BENCH_WORKFLOWS_URL`` (default
+postgres://postgres@127.0.0.1:5432/pikku_bench_workflows); ``--database mariadb`` is
+``PIKKU_BENCH_MARIADB_URL`` (default mysql://root@127.0.0.1:3306/pikku_bench_workflows).
+Either database is created if missing; chaos rows left by an earlier run are
+deleted first. Progress goes to stderr; stdout gets the report
 and, last, one JSON object. A default run takes about a minute.
 """
 
@@ -60,15 +69,16 @@ import signal
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
+import dj_database_url
 from benchlib import (
     BENCH_DIR,
+    ROOT,
     BenchError,
     Processes,
     django_env,
@@ -78,33 +88,78 @@ from benchlib import (
     vacuum,
     wait_for,
 )
+from chaos_results import Chaos, check, passed, report_text
 
 log = logging.getLogger("pikku.bench.chaos")
 
 SETTINGS = "bench_settings"
 WORKFLOW = "bench.chaos"
-WORKFLOWS_URL = os.environ.get(
-    "PIKKU_BENCH_WORKFLOWS_URL", "postgres://postgres@127.0.0.1:5432/pikku_bench_workflows"
-)
-#: How far apart two clocks of this host may read the same instant (none, here).
-CLOCK_SLACK = timedelta(milliseconds=5)
+URLS = {
+    "postgres": os.environ.get(
+        "PIKKU_BENCH_WORKFLOWS_URL", "postgres://postgres@127.0.0.1:5432/pikku_bench_workflows"
+    ),
+    "mariadb": os.environ.get(
+        "PIKKU_BENCH_MARIADB_URL", "mysql://root@127.0.0.1:3306/pikku_bench_workflows"
+    ),
+}
 
 
-@dataclass
-class Chaos:
-    """What was done to the workers."""
+# -- the database -------------------------------------------------------------------------------
 
-    kills: list[float] = field(default_factory=list)  # seconds since the start
-    stops: list[tuple[float, float]] = field(default_factory=list)  # (stopped, continued)
-    started: float = 0.0
-    chaos_ended: float = 0.0
-    drained: float = 0.0
+
+def ensure_mariadb_database(url: str) -> None:
+    """Create the MariaDB/MySQL database ``url`` names if it is missing."""
+    import MySQLdb
+
+    db = dj_database_url.parse(url)
+    admin = MySQLdb.connect(
+        host=db["HOST"] or "127.0.0.1",
+        port=int(db["PORT"] or 3306),
+        user=db["USER"] or "root",
+        password=db["PASSWORD"] or "",
+        connect_timeout=5,
+    )
+    try:
+        admin.cursor().execute(
+            f"CREATE DATABASE IF NOT EXISTS `{db['NAME']}` CHARACTER SET utf8mb4"
+        )
+    finally:
+        admin.close()
+
+
+def proxied(url: str, port: int) -> str:
+    """``url`` with its host and port replaced by the fault proxy's."""
+    parts = urlsplit(url)
+    auth = parts.netloc.rpartition("@")[0]
+    netloc = f"{auth}@127.0.0.1:{port}" if auth else f"127.0.0.1:{port}"
+    return parts._replace(netloc=netloc).geturl()
+
+
+def workers_up(args: argparse.Namespace, procs: Processes, names: list[str]) -> bool:
+    """Whether every worker is at work: listening (PostgreSQL), or past its start line."""
+    if args.database == "postgres":
+        return listening_sessions(URLS["postgres"], "pikku_work") >= len(names)
+    return all("thread(s), queues" in procs.tail(name, 50) for name in names)
+
+
+def first_step_after(ids: list[Any], since: datetime | None) -> float | None:
+    """Seconds from ``since`` to the first step attempt of these runs that succeeded after it."""
+    from django.db.models import Min
+
+    from pikku_django.models import StepAttempt, StepStatus
+
+    if since is None:
+        return None
+    first = StepAttempt.objects.filter(
+        step__run_id__in=ids, status=StepStatus.SUCCEEDED, finished_at__gte=since
+    ).aggregate(at=Min("finished_at"))["at"]
+    return None if first is None else round((first - since).total_seconds(), 3)
 
 
 # -- the run ---------------------------------------------------------------------------------------
 
 
-def reset() -> str:
+def reset(database: str) -> str:
     from bench_app.models import ChaosEffect, ChaosExecution
     from django.core.management import call_command
     from django.db import connection
@@ -112,7 +167,8 @@ def reset() -> str:
     from pikku_django.models import WorkflowRun
 
     call_command("migrate", verbosity=0)
-    vacuum(WORKFLOWS_URL)
+    if database == "postgres":
+        vacuum(URLS["postgres"])
     WorkflowRun.objects.filter(workflow=WORKFLOW).delete()
     ChaosEffect.objects.all().delete()
     ChaosExecution.objects.all().delete()
@@ -120,8 +176,8 @@ def reset() -> str:
     if others:
         log.warning("%d other running run(s) in this database: the workers will run them", others)
     with connection.cursor() as cursor:
-        cursor.execute("SHOW server_version")
-        return str(cursor.fetchone()[0])
+        cursor.execute("SHOW server_version" if database == "postgres" else "SELECT VERSION()")
+        return f"{connection.display_name} {cursor.fetchone()[0]}"
 
 
 def start_runs(args: argparse.Namespace) -> list[Any]:
@@ -147,9 +203,11 @@ def open_runs(ids: list[Any]) -> int:
     return WorkflowRun.objects.filter(id__in=ids, status=RunStatus.RUNNING).count()
 
 
-def run_chaos(args: argparse.Namespace, procs: Processes) -> tuple[list[Any], Chaos, int]:
-    """Start the workers and the runs, do the chaos, drain; the run ids, what was done,
-    and how many workers were started in all."""
+def run_chaos(
+    args: argparse.Namespace, procs: Processes, proxy: Any
+) -> tuple[list[Any], Chaos, int]:
+    """Start the workers and the runs, do the chaos (the outage through ``proxy``),
+    drain; the run ids, what was done, and how many workers were started in all."""
     rng = random.Random(args.seed + 1)
     names = [f"worker-{i}" for i in range(args.workers)]
     killed_name, stopped_name = names[0], names[1 % len(names)]
@@ -162,12 +220,7 @@ def run_chaos(args: argparse.Namespace, procs: Processes) -> tuple[list[Any], Ch
 
     for name in names:
         start(name)
-    wait_for(
-        lambda: listening_sessions(WORKFLOWS_URL, "pikku_work") >= len(names),
-        60,
-        "the workers to listen",
-        every=0.1,
-    )
+    wait_for(lambda: workers_up(args, procs, names), 60, "the workers to start", every=0.1)
     chaos = Chaos()
     ids = start_runs(args)
     t0 = chaos.started = time.monotonic()
@@ -179,19 +232,35 @@ def run_chaos(args: argparse.Namespace, procs: Processes) -> tuple[list[Any], Ch
     next_kill = t0 + draw(args.kill_every) if args.kill_every > 0 else float("inf")
     next_stop = t0 + draw(args.stop_every) if args.stop_every > 0 else float("inf")
     resume_at: float | None = None
+    outage_at = t0 + args.outage_at if args.outage_for > 0 else float("inf")
+    back_at = float("inf")
     last_poll = 0.0
     left = len(ids)
     while True:
         now = time.monotonic()
-        if now - t0 >= args.seconds or left == 0:
+        outage_owed = outage_at < float("inf") and chaos.outage_ended_at is None
+        if (now - t0 >= args.seconds or left == 0) and not outage_owed:
             break
+        if now >= outage_at and chaos.outage is None:
+            proxy.outage()
+            chaos.outage = (round(now - t0, 3), -1.0)
+            back_at = now + args.outage_for
+            log.info("  %6.2fs database away for %gs", now - t0, args.outage_for)
+        if now >= back_at:
+            proxy.restore()
+            chaos.outage_ended_at = datetime.now().astimezone()
+            assert chaos.outage is not None
+            chaos.outage = (chaos.outage[0], round(now - t0, 3))
+            log.info("  %6.2fs database back", now - t0)
+            back_at = float("inf")
+        away = back_at < float("inf")
         if resume_at is not None and now >= resume_at:
             procs.signal(stopped_name, signal.SIGCONT)
             chaos.stops[-1] = (chaos.stops[-1][0], round(now - t0, 3))
             log.info("  %6.2fs SIGCONT %s", now - t0, stopped_name)
             resume_at = None
             next_stop = now + draw(args.stop_every)
-        if now >= next_kill:
+        if now >= next_kill and not away:
             procs.signal(killed_name, signal.SIGKILL)
             procs.procs[killed_name].wait()
             procs.stop(killed_name)
@@ -199,7 +268,7 @@ def run_chaos(args: argparse.Namespace, procs: Processes) -> tuple[list[Any], Ch
             chaos.kills.append(round(now - t0, 3))
             log.info("  %6.2fs SIGKILL %s, restarted", now - t0, killed_name)
             next_kill = now + draw(args.kill_every)
-        if resume_at is None and now >= next_stop and stopped_name != killed_name:
+        if not away and resume_at is None and now >= next_stop and stopped_name != killed_name:
             procs.signal(stopped_name, signal.SIGSTOP)
             chaos.stops.append((round(now - t0, 3), -1.0))
             log.info("  %6.2fs SIGSTOP %s for %gs", now - t0, stopped_name, args.stop_for)
@@ -223,162 +292,6 @@ def run_chaos(args: argparse.Namespace, procs: Processes) -> tuple[list[Any], Ch
     return ids, chaos, generation
 
 
-# -- the checks -----------------------------------------------------------------------------------
-
-
-def worker_thread(worker: str) -> tuple[int, int] | None:
-    """(pid, thread ident) from a StepAttempt's worker, ``host:pid:thread``."""
-    try:
-        _, pid, thread = worker.rsplit(":", 2)
-        return int(pid), int(thread)
-    except ValueError:
-        return None
-
-
-def check(ids: list[Any]) -> dict[str, Any]:
-    from bench_app.models import ChaosEffect, ChaosExecution
-    from bench_app.workflows import chaos_function
-
-    from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
-
-    runs = {r.id: r for r in WorkflowRun.objects.filter(id__in=ids)}
-    statuses = Counter(r.status for r in runs.values())
-    steps = list(WorkflowStep.objects.filter(run_id__in=ids).order_by("run_id", "id"))
-    attempts: dict[int, list[StepAttempt]] = defaultdict(list)
-    for a in StepAttempt.objects.filter(step__run_id__in=ids).order_by("attempt"):
-        attempts[a.step_id].append(a)
-    executions = {e.nonce: e for e in ChaosExecution.objects.filter(run_id__in=map(str, ids))}
-    runs_per_step: Counter[tuple[str, str]] = Counter(
-        (e.run_id, e.step) for e in executions.values()
-    )
-    effects: dict[tuple[str, str], list[ChaosEffect]] = defaultdict(list)
-    for effect in ChaosEffect.objects.filter(run_id__in=map(str, ids)):
-        effects[(effect.run_id, effect.step)].append(effect)
-
-    problems: list[str] = []
-    superseded_results = 0
-    effects_not_once = 0
-    unsettled = 0
-    outputs_wrong = 0
-    by_run: dict[Any, list[WorkflowStep]] = defaultdict(list)
-    for step in steps:
-        by_run[step.run_id].append(step)
-        key = (str(step.run_id), step.name)
-        if step.status != StepStatus.SUCCEEDED:
-            unsettled += 1
-            problems.append(f"step {key} is {step.status}")
-            continue
-        won = [a for a in attempts[step.id] if a.status == StepStatus.SUCCEEDED]
-        result = step.result if isinstance(step.result, dict) else {}
-        execution = executions.get(result.get("nonce", ""))
-        who = worker_thread(won[0].worker) if len(won) == 1 else None
-        reason = None
-        if len(won) != 1 or won[0].attempt != step.attempt:
-            reason = f"succeeded attempts {[a.attempt for a in won]}, current {step.attempt}"
-        elif execution is None:
-            reason = f"its result {result} names no recorded execution"
-        elif who is None:
-            reason = f"attempt worker {won[0].worker!r} has no pid:thread"
-        elif (execution.pid, execution.thread) != who:
-            reason = (
-                f"result by {execution.pid}:{execution.thread}, but attempt {won[0].attempt} "
-                f"ran in {who[0]}:{who[1]}"
-            )
-        elif not (
-            won[0].started_at - CLOCK_SLACK
-            <= execution.started_at
-            <= (won[0].finished_at or execution.started_at) + CLOCK_SLACK
-        ):
-            reason = (
-                f"result's execution started {execution.started_at:%H:%M:%S.%f}, outside "
-                f"attempt {won[0].attempt} ({won[0].started_at:%H:%M:%S.%f}-"
-                f"{won[0].finished_at:%H:%M:%S.%f})"
-            )
-        if reason:
-            superseded_results += 1
-            problems.append(f"step {key}: {reason}")
-        if step.function == chaos_function(0):
-            mine = effects.get(key, [])
-            if len(mine) != 1 or mine[0].nonce != result.get("nonce"):
-                effects_not_once += 1
-                problems.append(
-                    f"transactional step {key}: {len(mine)} effect row(s), nonces "
-                    f"{[e.nonce for e in mine]}, result nonce {result.get('nonce')}"
-                )
-    for run_id, run in runs.items():
-        if run.status != RunStatus.COMPLETED:
-            problems.append(f"run {run_id} is {run.status}: {run.error or run.suspend_reason}")
-            continue
-        if run.output != [s.result for s in by_run[run_id]] or len(by_run[run_id]) != 5:
-            outputs_wrong += 1
-            problems.append(f"run {run_id}: output is not its steps' results")
-    all_attempts = [a for group in attempts.values() for a in group]
-    return {
-        "runs": len(ids),
-        "runs_completed": statuses.get(RunStatus.COMPLETED, 0),
-        "runs_by_status": dict(statuses),
-        "steps": len(steps),
-        "steps_not_succeeded": unsettled,
-        "results_from_superseded_attempt": superseded_results,
-        "transactional_steps": sum(1 for s in steps if s.function == chaos_function(0)),
-        "transactional_effects_not_exactly_once": effects_not_once,
-        "run_outputs_not_matching_steps": outputs_wrong,
-        "attempts": len(all_attempts),
-        "steps_with_more_than_one_attempt": sum(1 for g in attempts.values() if len(g) > 1),
-        "attempts_not_succeeded": sum(1 for a in all_attempts if a.status != StepStatus.SUCCEEDED),
-        "executions": len(executions),
-        "steps_executed_more_than_once": sum(1 for n in runs_per_step.values() if n > 1),
-        "problems": problems[:50],
-    }
-
-
-def passed(result: dict[str, Any]) -> bool:
-    return (
-        result["runs_completed"] == result["runs"]
-        and result["steps_not_succeeded"] == 0
-        and result["results_from_superseded_attempt"] == 0
-        and result["transactional_effects_not_exactly_once"] == 0
-        and result["run_outputs_not_matching_steps"] == 0
-    )
-
-
-def report_text(result: dict[str, Any], chaos: Chaos, args: argparse.Namespace) -> str:
-    ok = {True: "ok", False: "FAILED"}
-    lines = [
-        f"chaos run: {args.runs} runs x 5 steps (3 transactional, 2 plain), {args.workers} "
-        f"workers x {args.concurrency} threads, step lease {args.lease_ms} ms",
-        f"chaos for {chaos.chaos_ended:.1f} s: {len(chaos.kills)} SIGKILL+restart of worker A, "
-        f"{len(chaos.stops)} SIGSTOP of worker B for {args.stop_for:g} s each",
-        "",
-        f"runs completed:                                {result['runs_completed']} / "
-        f"{result['runs']}  {ok[result['runs_completed'] == result['runs']]}"
-        f"  {result['runs_by_status']}",
-        f"results from a superseded attempt:             "
-        f"{result['results_from_superseded_attempt']}  "
-        f"{ok[result['results_from_superseded_attempt'] == 0]}",
-        f"transactional effects not exactly once:        "
-        f"{result['transactional_effects_not_exactly_once']} of "
-        f"{result['transactional_steps']}  "
-        f"{ok[result['transactional_effects_not_exactly_once'] == 0]}",
-        f"run outputs not matching their steps:          "
-        f"{result['run_outputs_not_matching_steps']}  "
-        f"{ok[result['run_outputs_not_matching_steps'] == 0]}",
-        f"time to drain (chaos over -> last run ended):  "
-        f"{chaos.drained - chaos.chaos_ended:.2f} s (all runs: {chaos.drained:.2f} s)",
-        f"steps with more than one attempt:              "
-        f"{result['steps_with_more_than_one_attempt']} of {result['steps']} "
-        f"({result['attempts']} attempts, {result['attempts_not_succeeded']} not succeeded)",
-        f"steps whose function ran more than once:       "
-        f"{result['steps_executed_more_than_once']} ({result['executions']} executions; "
-        "at-least-once, superseded transactional ones rolled back)",
-        "",
-        f"result: {'PASSED' if passed(result) else 'FAILED'}",
-    ]
-    if result["problems"]:
-        lines += ["", "problems (first 50):", *(f"  {p}" for p in result["problems"])]
-    return "\n".join(lines)
-
-
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -398,6 +311,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pass-timeout", type=float, default=5.0, help="RUN_PASS_TIMEOUT (5)")
     parser.add_argument("--recovery-interval", type=float, default=2.0, help="(2)")
     parser.add_argument("--stalled-after", type=float, default=5.0, help="(5)")
+    parser.add_argument(
+        "--database", choices=sorted(URLS), default="postgres", help="database (postgres)"
+    )
+    parser.add_argument("--outage-at", type=float, default=10.0, help="seconds into the chaos (10)")
+    parser.add_argument(
+        "--outage-for", type=float, default=10.0, help="seconds the database is away (10; 0: none)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="random seed (1)")
     parser.add_argument("--timeout", type=float, default=300.0, help="drain timeout (300)")
     args = parser.parse_args(argv)
@@ -410,6 +330,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.stop_for = args.lease_ms / 1000 + 1.5
     if args.runs < 1 or args.workers < 2 or args.concurrency < 1 or not 0 <= low <= high:
         parser.error("--runs >= 1, --workers >= 2, --concurrency >= 1, 0 <= LOW <= HIGH")
+    if args.outage_at < 0 or args.outage_for < 0:
+        parser.error("--outage-at and --outage-for are seconds, 0 or more")
     return args
 
 
@@ -421,12 +343,16 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    if str(BENCH_DIR) not in sys.path:
-        sys.path.insert(0, str(BENCH_DIR))
+    for path in (str(BENCH_DIR), str(ROOT)):  # ROOT: tests.faultproxy
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    from tests.faultproxy import FaultProxy
+
+    url = URLS[args.database]
     env = django_env(
         SETTINGS,
         {
-            "PIKKU_BENCH_WORKFLOWS_URL": WORKFLOWS_URL,
+            "PIKKU_BENCH_WORKFLOWS_URL": url,
             "PIKKU_BENCH_STEP_LEASE_MS": str(args.lease_ms),
             "PIKKU_BENCH_RUN_LEASE_MS": str(args.lease_ms),
             "PIKKU_BENCH_RUN_PASS_TIMEOUT": repr(args.pass_timeout),
@@ -438,20 +364,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     os.environ.update(env)
     try:
-        ensure_database(WORKFLOWS_URL)
+        if args.database == "postgres":
+            ensure_database(url)
+        else:
+            ensure_mariadb_database(url)
         import django
 
         django.setup()
         logging.getLogger("pikku_django").setLevel(logging.WARNING)
-        server = reset()
+        server = reset(args.database)
     except Exception as exc:
-        log.error("PostgreSQL set-up failed (%s: %s)", type(exc).__name__, exc)
+        log.error("%s set-up failed (%s: %s)", args.database, type(exc).__name__, exc)
         return 2
 
     tmp = Path(tempfile.mkdtemp(prefix="pikku-bench-chaos-"))
-    procs = Processes(tmp, env)
+    parts = urlsplit(url)
+    default_port = {"postgres": 5432, "mariadb": 3306}[args.database]
+    proxy = FaultProxy(parts.hostname or "127.0.0.1", parts.port or default_port).start()
+    # The workers reach the database through the proxy; this script goes straight there.
+    procs = Processes(tmp, {**env, "PIKKU_BENCH_WORKFLOWS_URL": proxied(url, proxy.port)})
     try:
-        ids, chaos, started = run_chaos(args, procs)
+        ids, chaos, started = run_chaos(args, procs, proxy)
     except BenchError as exc:
         log.error("%s", exc)
         for name in procs.procs:
@@ -462,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         procs.stop_all()
+        proxy.close()
         from django.db import connections
 
         connections.close_all()
@@ -471,12 +405,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     shutil.rmtree(tmp, ignore_errors=True)
     result = check(ids)
-    print(report_text(result, chaos, args))
+    first_after = first_step_after(ids, chaos.outage_ended_at)
+    print(report_text(result, chaos, args, first_after))
     print(
         json.dumps(
             {
-                "benchmark": "pikku_django chaos: SIGKILL and SIGSTOP of workers mid-run",
+                "benchmark": (
+                    "pikku_django chaos: SIGKILL and SIGSTOP of workers mid-run, "
+                    "and a database outage"
+                ),
                 "settings": {
+                    "database": args.database,
                     "runs": args.runs,
                     "steps_per_run": 5,
                     "workers": args.workers,
@@ -491,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                     "stop_every_s": args.stop_every,
                     "stop_for_s": args.stop_for,
                     "step_ms": list(args.step_ms),
+                    "outage_at_s": args.outage_at,
+                    "outage_for_s": args.outage_for,
                     "seed": args.seed,
                 },
                 "machine": machine(server),
@@ -498,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                     "kills_at_s": chaos.kills,
                     "stops_at_s": chaos.stops,
                     "chaos_seconds": round(chaos.chaos_ended, 3),
+                    "outage_s": chaos.outage,
+                    "first_step_after_outage_s": first_after,
                     "all_runs_ended_s": round(chaos.drained, 3),
                     "drain_s": round(chaos.drained - chaos.chaos_ended, 3),
                     "worker_processes_started": started,

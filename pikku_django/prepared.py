@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import operator
 import re
+import select
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,8 +30,53 @@ def fetch(using: str, sql: str, params: list[Any]) -> list[Any]:
     return fetch_on(connections[using], sql, params)
 
 
+def closed_by_server(raw: Any) -> bool:
+    """Whether the server has closed this idle DB-API connection (restarted, or ended
+    the session): its socket has something to read while no statement runs. No round
+    trip; False for a connection without a socket (SQLite)."""
+    if raw is None:
+        return True
+    fileno = getattr(raw, "fileno", None)
+    if fileno is None:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(fileno(), select.POLLIN | select.POLLPRI)
+    except (OSError, ValueError, AttributeError):  # closed already, or no poll() here
+        return bool(getattr(raw, "closed", False))
+    return bool(poller.poll(0))
+
+
+def _replace_if_closed(connection: Any) -> None:
+    """Close Django's connection outside a transaction if its server closed it, so
+    the next statement reconnects instead of failing."""
+    raw = connection.connection
+    if raw is None or connection.in_atomic_block or not closed_by_server(raw):
+        return
+    if connection.vendor == "postgresql" and not _postgresql_said_goodbye(raw):
+        return  # a notification for a LISTEN of the project's own, say
+    connection.close()
+
+
+def _postgresql_said_goodbye(raw: Any) -> bool:
+    """Whether what waits on an idle PostgreSQL connection is its end: nothing more, or
+    an error (sent to an idle session only to end it). Under TLS it cannot be told, and
+    the next statement finds out."""
+    if raw.pgconn.ssl_in_use:
+        return False
+    try:
+        with socket.fromfd(raw.fileno(), socket.AF_INET, socket.SOCK_STREAM) as sock:
+            first = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return first in (b"", b"E")
+
+
 def fetch_on(connection: Any, sql: str, params: list[Any]) -> list[Any]:
     """:func:`fetch` on a connection object (``connections[using]``)."""
+    _replace_if_closed(connection)
     vendor = connection.vendor
     if vendor == "sqlite":
         return list(_run_on_sqlite(connection, sql, params, _ROWS))
@@ -103,6 +150,7 @@ def _qmark(sql: str) -> str:
 def fetch_nothing_on(connection: Any, sql: str, params: list[Any]) -> int:
     """Run a statement that returns no rows on a connection object, as :func:`fetch_on`
     runs one: the number of rows it changed."""
+    _replace_if_closed(connection)
     if connection.vendor == "sqlite":
         return int(_run_on_sqlite(connection, sql, params, _ROWCOUNT))
     with connection.cursor() as cursor:

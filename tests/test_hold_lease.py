@@ -14,6 +14,7 @@ from pikku_django.leases import (
     Lease,
     LeaseLostError,
     LeaseTakenError,
+    LeaseTokens,
     hold_lease,
 )
 from pikku_django.leases.hold import renewal_interval_s
@@ -96,7 +97,7 @@ def test_release_failure_does_not_hide_the_body_result(caplog: pytest.LogCapture
         def release(self, lease: Lease) -> bool:
             raise ConnectionError("store unreachable")
 
-    with hold_lease("job", service=NoRelease(), ttl_ms=TTL) as held:
+    with hold_lease("job", service=NoRelease(tokens=LeaseTokens()), ttl_ms=TTL) as held:
         token = held.token
     assert token == 1
     assert "lapses by itself" in caplog.text
@@ -151,7 +152,7 @@ def test_many_holders_only_one_enters() -> None:
 
 
 def test_function_form_returns_the_body_result() -> None:
-    service = InMemoryLeaseService()
+    service = InMemoryLeaseService(tokens=LeaseTokens())
     assert hold_lease("job", lambda held: held.token * 10, service=service, ttl_ms=TTL) == 10
     assert service.get("job") is None
 
@@ -204,3 +205,56 @@ def test_vouch_asks_the_store_once_the_last_renewal_is_old() -> None:
         service.fail_refresh = None
         with pytest.raises(LeaseLostError):
             held.vouch()
+
+
+class StuckLeaseService(InMemoryLeaseService):
+    """An in-memory service whose refresh can be made to hang (a store that stopped
+    answering on a connection without a timeout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answering = threading.Event()
+        self.answering.set()
+
+    def refresh(self, lease: Lease, ttl_ms: int) -> Lease | None:
+        self.answering.wait()
+        return super().refresh(lease, ttl_ms)
+
+
+def test_a_renewal_stuck_past_expiry_loses_the_lease_and_is_not_waited_for() -> None:
+    service = StuckLeaseService()
+    try:
+        with pytest.raises(LeaseLostError), hold_lease("job", service=service, ttl_ms=TTL) as held:
+            service.answering.clear()
+            stuck_at = time.monotonic()
+            assert held.lost.wait(3 * TTL / 1000), "a renewal hung and nobody was told"
+            assert time.monotonic() - stuck_at <= TTL / 1000 + 0.3
+            leaving = time.monotonic()
+        assert time.monotonic() - leaving < TTL / 1000, "leaving waited for the stuck renewal"
+    finally:
+        service.answering.set()
+
+
+def test_a_renewal_slow_inside_the_lease_loses_nothing() -> None:
+    service = StuckLeaseService()
+    with hold_lease("job", service=service, ttl_ms=TTL) as held:
+        time.sleep(renewal_interval_s(TTL) * 1.1)
+        service.answering.clear()
+        time.sleep(TTL / 1000 / 3)  # well inside the lease the first renewal asked for
+        service.answering.set()
+        time.sleep(TTL / 1000 / 3)
+        assert not held.lost.is_set()
+    assert service.get("job") is None
+
+
+def test_leaving_while_a_renewal_is_stuck_waits_no_longer_than_the_lease() -> None:
+    service = StuckLeaseService()
+    try:
+        with pytest.raises(LeaseLostError), hold_lease("job", service=service, ttl_ms=TTL):
+            time.sleep(renewal_interval_s(TTL) * 0.5)
+            service.answering.clear()
+            time.sleep(renewal_interval_s(TTL) * 0.7)  # the first renewal is under way
+            leaving = time.monotonic()
+        assert time.monotonic() - leaving <= TTL / 1000 + 0.3
+    finally:
+        service.answering.set()

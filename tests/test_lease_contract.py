@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 from django_redis import get_redis_connection
 
-from pikku_django.leases import InMemoryLeaseService, LeaseService
+from pikku_django.leases import InMemoryLeaseService, LeaseService, LeaseTokens
 from pikku_django.leases.redis import RedisLeaseService
 from pikku_django.testing.leases import (
     DatabaseServiceFactory,
@@ -31,7 +31,7 @@ from tests.conftest import (
 class TestInMemoryLeases(LeaseServiceContract):
     @pytest.fixture
     def lease_service(self) -> Iterator[LeaseService]:
-        return InMemoryLeaseService()
+        return InMemoryLeaseService(tokens=LeaseTokens())
 
 
 class DatabaseLeases(SharedLeaseServiceContract):

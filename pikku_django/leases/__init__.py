@@ -3,7 +3,7 @@
 from pikku_django.leases.base import Lease, LeaseService
 from pikku_django.leases.errors import LeaseError, LeaseLostError, LeaseTakenError
 from pikku_django.leases.hold import HeldLease, hold_lease
-from pikku_django.leases.memory import InMemoryLeaseService
+from pikku_django.leases.memory import InMemoryLeaseService, LeaseTokens
 from pikku_django.leases.registry import get_lease_service, reset_lease_service
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "LeaseLostError",
     "LeaseService",
     "LeaseTakenError",
+    "LeaseTokens",
     "get_lease_service",
     "hold_lease",
     "reset_lease_service",

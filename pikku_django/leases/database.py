@@ -26,6 +26,7 @@ from pikku_django.leases.base import (
     check_ttl,
 )
 from pikku_django.leases.sql import LeaseSQL, dialect_for
+from pikku_django.prepared import closed_by_server
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +57,23 @@ class _ConnectionPool:
         conn.inc_thread_sharing()  # lent to whichever thread asks, one at a time
         return conn
 
+    def _take_idle(self) -> Any:
+        """An idle connection the server has not closed meanwhile, or None.
+
+        One that a server restart, ``pg_terminate_backend``, ``KILL`` or an idle
+        timeout ended is dropped here, before any statement fails on it.
+        """
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None or not closed_by_server(conn.connection):
+                return conn
+            logger.info("A pooled lease connection to %r was closed by the server", self.alias)
+            self._discard(conn)
+
     @contextmanager
     def connection(self) -> Iterator[Any]:
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
+        conn = self._take_idle()
         if conn is None:
             conn = self._new()
         healthy = False

@@ -20,6 +20,8 @@ T = TypeVar("T")
 
 #: Renewals per lease length: a failed renewal still leaves others before expiry.
 RENEWALS_PER_LEASE = 3
+#: How often leaving the block looks again whether a stuck renewal has lost the lease.
+RENEWAL_JOIN_S = 0.05
 
 
 def renewal_interval_s(ttl_ms: int) -> float:
@@ -129,6 +131,13 @@ class HeldLease:
         try:
             interval = renewal_interval_s(self.ttl_ms)
             while not self.lost.is_set():
+                # A store that stops answering (a stalled connection) holds the
+                # renewal up; the lease still counts as lost once its expiry passes.
+                watchdog = call_later(
+                    max(0.0, self._held_until - time.monotonic()),
+                    self._expired_while_renewing,
+                    name=f"pikku-lease-expiry:{self.key}",
+                )
                 try:
                     held = self._renew()
                 except Exception:
@@ -138,6 +147,8 @@ class HeldLease:
                 else:
                     if not held:
                         self._mark_lost("another holder has it")
+                finally:
+                    watchdog.cancel()
                 if self._stop.wait(interval):
                     return
         except BaseException:
@@ -146,14 +157,24 @@ class HeldLease:
             )
             self._mark_lost("its renewal thread died")
 
+    def _expired_while_renewing(self) -> None:
+        # Due only while a renewal is unanswered (answered ones cancel it), also when
+        # the block has ended meanwhile and is waiting for that renewal.
+        if time.monotonic() >= self._held_until:
+            self._mark_lost("a renewal was still unanswered when it expired")
+
     def _stop_renewing(self) -> None:
         self._stop.set()
         if self._timer is not None:
             self._timer.cancel()
         with self._thread_lock:
             thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        # A renewal stuck on a store that stopped answering is not waited for once the
+        # lease counts as lost: it ends by itself, and can no longer change the outcome.
+        while thread is not None and thread is not threading.current_thread():
+            thread.join(RENEWAL_JOIN_S)
+            if not thread.is_alive() or self.lost.is_set():
+                return
 
     def __exit__(
         self,

@@ -15,16 +15,41 @@ from pikku_django.leases.base import (
 )
 
 
+class LeaseTokens:
+    """The fencing-token counter of each key: it only ever rises."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, int] = {}
+
+    def next(self, key: str) -> int:
+        """The token after the last one handed out for ``key`` (1 the first time)."""
+        with self._lock:
+            token = self._last[key] = self._last.get(key, 0) + 1
+            return token
+
+
+#: Shared by every in-memory service of the process, so a service rebuilt (as
+#: ``override_settings`` on PIKKU, DATABASES or CACHES rebuilds it) never hands
+#: out a token it handed out before.
+PROCESS_TOKENS = LeaseTokens()
+
+
 class InMemoryLeaseService(LeaseService):
-    """Leases in a dict guarded by a lock; visible to this process only."""
+    """Leases in a dict guarded by a lock; visible to this process only.
+
+    Tokens come from ``tokens``, by default the process-wide :data:`PROCESS_TOKENS`:
+    they keep rising across services. Pass a new :class:`LeaseTokens` for a store
+    whose first token is 1 again (an isolated test).
+    """
 
     judged_on_store_clock = False
     shared_between_processes = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, tokens: LeaseTokens | None = None) -> None:
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
-        self._tokens: dict[str, int] = {}
+        self._tokens = PROCESS_TOKENS if tokens is None else tokens
 
     def acquire(self, key: str, holder: str, ttl_ms: int) -> Lease | None:
         check_key(key)
@@ -38,9 +63,7 @@ class InMemoryLeaseService(LeaseService):
                     return None
                 lease = Lease(key, holder, current.token, now + ttl_ms)
             else:
-                token = self._tokens.get(key, 0) + 1
-                self._tokens[key] = token
-                lease = Lease(key, holder, token, now + ttl_ms)
+                lease = Lease(key, holder, self._tokens.next(key), now + ttl_ms)
             self._leases[key] = lease
             return lease
 

@@ -64,15 +64,19 @@ return expires_at
 """
 )
 
-# KEYS: lease hash. ARGV: holder, token. Returns 1 when released.
-RELEASE = """
-local cur = redis.call('HMGET', KEYS[1], 'holder', 'token')
-if cur[1] == ARGV[1] and cur[2] == ARGV[2] then
+# KEYS: lease hash. ARGV: holder, token. Returns 1 when released: only a live lease,
+# judged as acquire, refresh and get judge it (Redis may not have expired the hash yet).
+RELEASE = (
+    _NOW
+    + """
+local cur = redis.call('HMGET', KEYS[1], 'holder', 'token', 'expires_at')
+if cur[1] == ARGV[1] and cur[2] == ARGV[2] and tonumber(cur[3]) > now then
   redis.call('DEL', KEYS[1])
   return 1
 end
 return 0
 """
+)
 
 # KEYS: lease hash. Returns {holder, token, expires_at} or nil.
 GET = (

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pikku_django', '0009_receipt_waits_for_its_run'),
+        ('pikku_django', '0010_lease_binary_collation'),
     ]
 
     operations = [

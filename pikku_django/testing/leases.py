@@ -46,6 +46,12 @@ SHORT = 500
 RENEWED = 1_000
 #: How many callers race for one key.
 RACERS = 20
+#: Names that differ only in case, a trailing space or an accent: never the same name.
+LOOKALIKES = [("worker-a", "WORKER-A"), ("h1", "h1 "), ("e", "\u00e9"), ("straße", "strasse")]
+LOOKALIKE_IDS = ["case", "trailing-space", "accent", "expansion"]
+#: A lease caught at its expiry, this many times per operation.
+BOUNDARY_TRIALS = 20
+BOUNDARY_TTL = 5
 
 
 def wait_ms(ms: float) -> None:
@@ -201,6 +207,61 @@ class LeaseServiceContract:
         assert a is not None
         with pytest.raises(AttributeError):
             a.token = 99  # type: ignore[misc]
+
+    # -- names compared byte for byte -----------------------------------------
+
+    @pytest.mark.parametrize(("one", "other"), LOOKALIKES, ids=LOOKALIKE_IDS)
+    def test_lookalike_holders_are_two_holders(
+        self, lease_service: LeaseService, one: str, other: str
+    ) -> None:
+        a = lease_service.acquire("stage", one, HOUR)
+        assert a is not None
+        assert lease_service.acquire("stage", other, HOUR) is None, f"{other!r} took {one!r}'s"
+        impostor = Lease("stage", other, a.token, a.expires_at)
+        assert lease_service.refresh(impostor, HOUR) is None
+        assert lease_service.release(impostor) is False
+        got = lease_service.get("stage")
+        assert got is not None
+        assert (got.holder, got.token) == (one, a.token)
+        assert lease_service.refresh(a, HOUR) is not None
+
+    @pytest.mark.parametrize(("one", "other"), LOOKALIKES, ids=LOOKALIKE_IDS)
+    def test_lookalike_keys_are_two_keys(
+        self, lease_service: LeaseService, one: str, other: str
+    ) -> None:
+        a = lease_service.acquire(one, "a", HOUR)
+        b = lease_service.acquire(other, "b", HOUR)
+        assert a is not None
+        assert b is not None, f"key {other!r} was held as {one!r}"
+        assert lease_service.release(a) is True
+        got = lease_service.get(other)
+        assert got is not None
+        assert (got.key, got.holder, got.token) == (other, "b", b.token)
+        assert lease_service.get(one) is None
+
+    # -- the expiry boundary -------------------------------------------------
+
+    @pytest.mark.parametrize("operation", ["release", "refresh", "acquire"])
+    def test_expiry_boundary_is_the_same_for_every_operation(
+        self, lease_service: LeaseService, operation: str
+    ) -> None:
+        # The first moment get() no longer sees a lease, no operation may treat it
+        # as live: each trial catches the expiry as closely as round trips allow.
+        for trial in range(BOUNDARY_TRIALS):
+            key = f"boundary-{trial}"
+            a = lease_service.acquire(key, "a", BOUNDARY_TTL)
+            assert a is not None
+            deadline = time.monotonic() + 10
+            while lease_service.get(key) is not None:
+                assert time.monotonic() < deadline, "the lease never lapsed"
+            if operation == "release":
+                assert lease_service.release(a) is False, f"trial {trial}: released a lapsed lease"
+            elif operation == "refresh":
+                assert lease_service.refresh(a, HOUR) is None, f"trial {trial}: renewed it"
+            else:
+                b = lease_service.acquire(key, "b", HOUR)
+                assert b is not None, f"trial {trial}: the lapsed lease kept its key"
+                assert b.token == a.token + 1
 
     # -- bad input -----------------------------------------------------------
 
