@@ -33,6 +33,7 @@ from pikku_django.schedules.ticks import forget_process_state, soonest_ticks
 from pikku_django.workflows import registry
 from pikku_django.workflows.registry import workflow
 from tests.conftest import database_alias, on_databases
+from tests.test_webhook_store import at_once
 
 ALL = ("sqlite", "postgres", "mariadb")
 WORKFLOW = "tests.schedules.report"
@@ -505,3 +506,61 @@ def test_a_clash_of_names_between_code_and_settings(settings: Any) -> None:
     declare(settings, **{CODE_WORKFLOW: {"workflow": WORKFLOW, "cron": "0 3 * * *"}})
     (error,) = check_schedules()
     assert f"Two schedules are named '{CODE_WORKFLOW}'" in error.msg
+
+
+# -- threads, and a run that cannot start -------------------------------------------------
+
+
+@on_databases(*ALL)
+def test_threads_racing_on_the_same_ticks_start_each_once(vendor: str, settings: Any) -> None:
+    alias = database_alias(vendor)
+    cron = {"workflow": WORKFLOW, "cron": "* * * * *", "missed": "all"}
+    declare(settings, alias, a=cron, b=cron, c=cron)
+    sync_schedules(utc(2026, 1, 1) - timedelta(seconds=30), using=alias)
+
+    def walk() -> list[TickReport]:
+        return [
+            start_due_ticks(utc(2026, 1, 1, 0, minute, 1), using=alias, sync=False)
+            for minute in range(5)
+        ]
+
+    results = at_once(alias, 4, walk)
+    assert not [r for r in results if isinstance(r, Exception)], results
+    started = [(s.schedule, s.tick) for reports in results for r in reports for s in r.started]
+    expected = [(n, utc(2026, 1, 1, 0, m)) for n in "abc" for m in range(5)]
+    assert sorted(started) == sorted(expected)
+    assert len(runs_of(alias, "a") + runs_of(alias, "b") + runs_of(alias, "c")) == 15
+
+
+@on_databases("sqlite", "postgres")
+def test_a_run_that_cannot_start_leaves_its_tick_due(vendor: str, settings: Any) -> None:
+    alias = database_alias(vendor)
+    declare(settings, alias, s={"workflow": WORKFLOW, "cron": "0 3 * * *"})
+    sync_schedules(utc(2026, 1, 1), using=alias)
+    registry.unregister(WORKFLOW)  # a worker whose code does not have the workflow
+    done = start_due_ticks(utc(2026, 1, 1, 3, 0, 1), using=alias, sync=False)
+    (failure,) = done.failed
+    assert failure.schedule == "s"
+    assert failure.tick == utc(2026, 1, 1, 3)
+    assert "WorkflowNotFoundError" in failure.error
+    assert done.started == ()
+    assert done.next_due == utc(2026, 1, 1, 3, 0, 31)  # this process tries again in 30 s
+    assert row(alias, "s").next_tick_at == utc(2026, 1, 1, 3)  # still due, nothing lost
+    assert runs_of(alias, "s") == []
+
+    workflow(name=WORKFLOW)(report)  # the code is fixed
+    assert start_due_ticks(utc(2026, 1, 1, 3, 0, 2), using=alias, sync=False).started == ()
+    forget_process_state()  # or 30 s pass
+    retried = start_due_ticks(utc(2026, 1, 1, 3, 0, 40), using=alias, sync=False)
+    assert [s.tick for s in retried.started] == [utc(2026, 1, 1, 3)]
+
+
+@on_databases("sqlite")
+def test_the_first_call_in_a_process_records_the_declarations(vendor: str, settings: Any) -> None:
+    alias = database_alias(vendor)
+    declare(settings, alias, s={"workflow": WORKFLOW, "cron": "*/5 * * * *"})
+    done = start_due_ticks(using=alias)
+    assert row(alias, "s").next_tick_at == done.next_due
+    declare(settings, alias)
+    start_due_ticks(using=alias)  # once per process: the row is still declared
+    assert row(alias, "s").declared
