@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
 from pikku_django.conf import pikku_settings
@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 BATCH = 50
 #: Seconds this process leaves a schedule alone after its tick failed to start.
 RETRY_AFTER = 30.0
+#: Seconds before trying a tick again after a database error (a lock, a deadlock).
+RETRY_CONTENDED = 1.0
 
 _ONE_MICROSECOND = timedelta(microseconds=1)
 _state_lock = threading.Lock()
@@ -174,10 +176,11 @@ def start_due_ticks(
             continue
         try:
             next_tick = _start_tick(alias, pk, due_at, now, started, skipped)
-        except DatabaseError as exc:  # contention (locked, deadlock): try again at once
-            logger.info("Schedule %s: tick %s is contended, tried again: %s", name, due_at, exc)
+        except DatabaseError as exc:  # a lock or a deadlock: try again soon
+            logger.info("Schedule %s: tick %s not started yet: %s", name, due_at, exc)
             failed.append(TickFailure(name, due_at, f"{type(exc).__name__}: {exc}"))
-            upcoming.append(now)
+            upcoming.append(now + timedelta(seconds=RETRY_CONTENDED))
+            connections[alias].close_if_unusable_or_obsolete()
             continue
         except Exception as exc:
             logger.exception("Schedule %s: the run of tick %s did not start", name, due_at)
