@@ -93,9 +93,10 @@ DEFAULTS: dict[str, Any] = {
     # The time zone a schedule's cron expression is read in when it names none;
     # None: Django's TIME_ZONE.
     "SCHEDULE_TIMEZONE": None,
-    # What a schedule does with ticks that passed while no worker was up: "latest"
-    # starts the latest of them once, "all" starts each (the latest
-    # SCHEDULE_CATCHUP_LIMIT of them), "none" starts none.
+    # What a schedule does with ticks that passed while no worker was up (more
+    # than SCHEDULE_GRACE seconds late): "latest" starts one run for all the due
+    # ticks, the latest's; "all" starts each (the latest SCHEDULE_CATCHUP_LIMIT of
+    # them); "none" starts only the ticks still on time.
     "SCHEDULE_MISSED": "latest",
     "SCHEDULE_CATCHUP_LIMIT": 100,
     # Seconds a tick may be late (a busy or slow worker) and still count as on

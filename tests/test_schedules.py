@@ -1,4 +1,4 @@
-"""Cron schedules: ticks, missed-tick policies, daylight saving, sync, the switch, bad input.
+"""Cron schedules: ticks, missed-tick policies after downtime, sync, the switch, bad input.
 
 Each database test drives start_due_ticks with an explicit clock (``now=``), so a
 worker that was down for hours is a jump of the clock, not a wait.

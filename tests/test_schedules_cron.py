@@ -65,6 +65,20 @@ def test_a_tick_inside_the_grace_is_on_time_for_every_policy() -> None:
         assert plan.skipped is None
 
 
+def test_none_starts_every_tick_still_on_time() -> None:
+    every_second = Cron.parse("* * * * * *", "UTC")
+    due = utc(2026, 1, 1)
+    plan = plan_ticks(
+        every_second, MissedTicks.NONE, due, due + timedelta(seconds=70), grace=3, limit=100
+    )
+    assert list(plan.start) == [due + timedelta(seconds=s) for s in (67, 68, 69, 70)]
+    assert plan.skipped == (due, due + timedelta(seconds=66))
+    latest = plan_ticks(
+        every_second, MissedTicks.LATEST, due, due + timedelta(seconds=70), grace=3, limit=100
+    )
+    assert list(latest.start) == [due + timedelta(seconds=70)]  # one run for the lot
+
+
 def test_all_is_bounded_by_the_catch_up_limit() -> None:
     plan = plan_ticks(
         EVERY_10, MissedTicks.ALL, utc(2026, 1, 1), utc(2026, 1, 2, 0, 5), grace=60, limit=3

@@ -115,17 +115,18 @@ def plan_ticks(
     """The plan for a schedule whose next tick ``due_at`` is at or before ``now``.
 
     A tick more than ``grace`` seconds before ``now`` is missed. ``latest``
-    starts the latest due tick (missed or not), ``all`` each due tick up to the
-    latest ``limit``, and ``none`` the latest only if it is on time.
+    starts one run for all due ticks, the latest's (missed or not); ``all`` each
+    due tick, up to the latest ``limit``; ``none`` each tick that is on time.
     """
     next_tick = cron.next_after(now)
+    limit = max(1, limit)
     if policy == MissedTicks.ALL:
-        start = cron.ticks_between(due_at, now, max(1, limit))
+        start = cron.ticks_between(due_at, now, limit)
+    elif policy == MissedTicks.NONE:
+        start = cron.ticks_between(max(due_at, now - timedelta(seconds=grace)), now, limit)
     else:
         latest = cron.latest_at_or_before(now)
         start = [latest] if latest >= due_at else []
-        if policy == MissedTicks.NONE and start and latest < now - timedelta(seconds=grace):
-            start = []
     first_due = cron.next_after(due_at - _ONE_MICROSECOND)
     end = start[0] if start else next_tick
     skipped = None
