@@ -47,8 +47,18 @@ def report(ctx: Any, input: Any) -> Any:
 
 
 @pytest.fixture(autouse=True)
-def plain_workflow() -> Iterator[None]:
-    """A workflow for the schedules declared in settings."""
+def plain_workflow(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A workflow for the schedules declared in settings; only these tests' code schedules.
+
+    Workflows other test modules registered with schedule= (the README's samples)
+    stay registered for the whole run; these tests see only their own.
+    """
+    everything = registry.scheduled_workflows
+    monkeypatch.setattr(
+        registry,
+        "scheduled_workflows",
+        lambda: [d for d in everything() if d.name.startswith("tests.schedules.")],
+    )
     workflow(name=WORKFLOW)(report)
     forget_process_state()
     yield

@@ -24,6 +24,7 @@ from django.db import connections
 from pikku_django.models import WorkflowRun
 from pikku_django.schedules import start_due_ticks, sync_schedules, tick_key
 from tests.conftest import database_alias, on_databases
+from tests.test_schedules import plain_workflow  # noqa: F401  (the autouse fixture)
 from tests.test_worker import ROOT, finish, wait_for
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
