@@ -93,6 +93,24 @@ DEFAULTS: dict[str, Any] = {
     # notifications do not reach the web server's connections (a pooler in
     # transaction mode).
     "WEBHOOK_STATE_CACHE": True,
+    # Cron schedules besides @workflow(schedule=...), by name: {"nightly-report":
+    # {"workflow": "send_report", "cron": "0 3 * * *", "timezone": "Europe/Helsinki",
+    # "input": {...}, "missed": "latest", "enabled": True}}. Only workflow and cron
+    # are required; the other keys default to the settings below, input None, and
+    # enabled True.
+    "SCHEDULES": {},
+    # The time zone a schedule's cron expression is read in when it names none;
+    # None: Django's TIME_ZONE.
+    "SCHEDULE_TIMEZONE": None,
+    # What a schedule does with ticks that passed while no worker was up (more
+    # than SCHEDULE_GRACE seconds late): "latest" starts one run for all the due
+    # ticks, the latest's; "all" starts each (the latest SCHEDULE_CATCHUP_LIMIT of
+    # them); "none" starts only the ticks still on time.
+    "SCHEDULE_MISSED": "latest",
+    "SCHEDULE_CATCHUP_LIMIT": 100,
+    # Seconds a tick may be late (a busy or slow worker) and still count as on
+    # time rather than missed.
+    "SCHEDULE_GRACE": 60.0,
 }
 
 

@@ -2,6 +2,7 @@
 
 from pikku_django.admin import (  # noqa: F401  (each module registers its admins)
     leases,
+    schedules,
     webhooks,
     workflows,
 )

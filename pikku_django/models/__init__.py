@@ -1,6 +1,7 @@
 """pikku_django's models, one module per concern."""
 
 from pikku_django.models.leases import Lease
+from pikku_django.models.schedules import MissedTicks, Schedule, ScheduleOrigin
 from pikku_django.models.webhooks import CredentialValue, TriggerSource, WebhookReceipt
 from pikku_django.models.workflows import (
     TERMINAL_RUN_STATUSES,
@@ -18,7 +19,10 @@ __all__ = [
     "Backoff",
     "CredentialValue",
     "Lease",
+    "MissedTicks",
     "RunStatus",
+    "Schedule",
+    "ScheduleOrigin",
     "StepAttempt",
     "StepKind",
     "StepStatus",

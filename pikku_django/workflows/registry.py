@@ -29,6 +29,10 @@ class WorkflowDefinition:
 
     name: str
     fn: Callable[..., Any]
+    #: A cron expression that starts a run on each tick (see pikku_django.schedules).
+    schedule: str | None = None
+    #: The time zone ``schedule`` is read in (None: PIKKU['SCHEDULE_TIMEZONE']).
+    timezone: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,19 +94,36 @@ def _register(table: dict[str, Any], name: str, definition: Any, what: str) -> N
 @overload
 def workflow(fn: F, /) -> F: ...
 @overload
-def workflow(*, name: str | None = None) -> Callable[[F], F]: ...
+def workflow(
+    *, name: str | None = None, schedule: str | None = None, timezone: str | None = None
+) -> Callable[[F], F]: ...
 
 
-def workflow(fn: Callable[..., Any] | None = None, /, *, name: str | None = None) -> Any:
+def workflow(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    schedule: str | None = None,
+    timezone: str | None = None,
+) -> Any:
     """Register ``fn(ctx, input)`` as a workflow, under ``name`` or its function name.
 
     The function is replayed from the top on every orchestration pass: anything
-    with side effects belongs in a step (``ctx.do``).
+    with side effects belongs in a step (``ctx.do``). ``schedule`` (a cron
+    expression, read in ``timezone``) starts a run on each tick, under the
+    workflow's name as the schedule's name.
     """
+    for option, value in (("schedule", schedule), ("timezone", timezone)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ImproperlyConfigured(f"workflow {option}= must be a non-empty str, not {value!r}")
+    if timezone is not None and schedule is None:
+        raise ImproperlyConfigured("workflow timezone= is only meaningful with schedule=")
 
     def register(func: F) -> F:
         wf_name = _check_name(name or func.__name__, "workflow")
-        _register(_workflows, wf_name, WorkflowDefinition(wf_name, func), "workflow")
+        definition = WorkflowDefinition(wf_name, func, schedule, timezone)
+        _register(_workflows, wf_name, definition, "workflow")
         func.__pikku_workflow__ = wf_name  # type: ignore[attr-defined]
         return func
 
@@ -183,6 +204,12 @@ def get_step(name_or_fn: str | Callable[..., Any]) -> StepDefinition | None:
 
 def workflow_names() -> list[str]:
     return sorted(_workflows)
+
+
+def scheduled_workflows() -> list[WorkflowDefinition]:
+    """The registered workflows declared with ``schedule=``, by name."""
+    with _lock:
+        return sorted((d for d in _workflows.values() if d.schedule), key=lambda d: d.name)
 
 
 def step_names() -> list[str]:
