@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pikku_django', '0009_receipt_waits_for_its_run'),
+        ('pikku_django', '0012_engine_scheduling'),
     ]
 
     operations = [

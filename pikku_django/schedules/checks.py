@@ -18,7 +18,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     """Every declared schedule must have a valid cron expression, time zone and options."""
     if not isinstance(getattr(settings, "PIKKU", None) or {}, dict):
         return []  # pikku_django.E001 reports it
-    errors = [
+    errors: list[checks.CheckMessage] = [
         checks.Error(
             str(exc),
             hint="Fix the schedule's declaration; it does not start runs until then.",

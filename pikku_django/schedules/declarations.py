@@ -54,7 +54,7 @@ def default_timezone() -> str:
 
 def parse_missed(value: object, where: str) -> MissedTicks:
     try:
-        return MissedTicks(value)
+        return MissedTicks(str(value))
     except ValueError:
         choices = ", ".join(repr(m.value) for m in MissedTicks)
         raise ScheduleError(f"{where}: missed must be one of {choices}, not {value!r}") from None

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from pikku_django.conf import pikku_settings
@@ -41,7 +42,7 @@ def engine_for(alias: str) -> WorkflowEngine:
         return _engines[alias]
 
 
-def schedules(using: str | None = None) -> Any:
+def schedules(using: str | None = None) -> QuerySet[Schedule]:
     return Schedule.objects.using(database(using))
 
 

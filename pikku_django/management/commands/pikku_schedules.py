@@ -162,8 +162,17 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write("No schedules. Declare one with @workflow(schedule=...).")
             return
-        headers = ("name", "enabled", "declared", "workflow", "cron", "missed", "next tick")
-        headers += ("last tick", "last run")
+        headers = (
+            "name",
+            "enabled",
+            "declared",
+            "workflow",
+            "cron",
+            "missed",
+            "next tick",
+            "last tick",
+            "last run",
+        )
         table = [
             (
                 r.name,
