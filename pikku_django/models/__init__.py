@@ -1,5 +1,6 @@
 """pikku_django's models, one module per concern."""
 
+from pikku_django.models.heartbeats import WorkerHeartbeat
 from pikku_django.models.leases import Lease
 from pikku_django.models.webhooks import CredentialValue, TriggerSource, WebhookReceipt
 from pikku_django.models.workflows import (
@@ -24,6 +25,7 @@ __all__ = [
     "StepStatus",
     "TriggerSource",
     "WebhookReceipt",
+    "WorkerHeartbeat",
     "WorkflowRun",
     "WorkflowStep",
 ]
