@@ -12,7 +12,7 @@ from datetime import date, datetime, time, timedelta
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, UUIDField
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepAttempt, WorkflowRun, WorkflowStep
@@ -34,7 +34,7 @@ def with_list_columns(runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
         current_step=Subquery(last_step.values("name")[:1]),
         current_step_status=Subquery(last_step.values("status")[:1]),
         attempt_count=Subquery(attempts, output_field=IntegerField()),
-        parent_run_id=Subquery(parent.values("run_id")[:1]),
+        parent_run_id=Subquery(parent.values("run_id")[:1], output_field=UUIDField()),
     )
 
 
