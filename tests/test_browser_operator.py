@@ -67,16 +67,16 @@ def log_in(driver: Any, live_server: Any, user: Any) -> Any:
 
 
 @pytest.fixture
-def superuser_browser(_chromium: Any, live_server: Any, django_user_model: Any) -> Any:
+def superuser_browser(request: Any, live_server: Any, django_user_model: Any) -> Any:
     user = django_user_model.objects.create_superuser("operator", "o@example.com", "pw")
-    return log_in(_chromium, live_server, user)
+    return log_in(request.getfixturevalue("_chromium"), live_server, user)
 
 
 @pytest.fixture
-def viewer_browser(_chromium: Any, live_server: Any, django_user_model: Any) -> Any:
+def viewer_browser(request: Any, live_server: Any, django_user_model: Any) -> Any:
     user = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_workflowrun"))
-    return log_in(_chromium, live_server, user)
+    return log_in(request.getfixturevalue("_chromium"), live_server, user)
 
 
 def open_page(browser: Any, url: str) -> None:

@@ -428,7 +428,8 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
             context["pikku_stream_url"] = run_stream_url(obj)
             context["pikku_tree"] = tree_html(obj, using)
             context["pikku_operations"] = self.offered_operations(request, obj)
-            context["pikku_title"] = workflow_title(obj.workflow, obj.idempotency_key)
+            context["pikku_title"] = title = workflow_title(obj.workflow, obj.idempotency_key)
+            context["subtitle"] = f"{title} {obj.pk}"  # the window's title: no status to go stale
             context["pikku_badge"] = status_badge(
                 obj.status, obj.get_status_display(), element_id="pikku-run-status"
             )
