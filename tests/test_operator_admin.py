@@ -492,3 +492,20 @@ def test_source_buttons_need_the_change_permission(
     assert post.status_code == 403
     assert TriggerSource.objects.get(name="prov-hooks").enabled is False
     assert provider.registrations == {}
+
+
+@pytest.mark.django_db
+def test_the_heartbeat_list_shows_each_worker_and_whether_it_is_alive(
+    admin_client: Client,
+) -> None:
+    record_heartbeat("live:1", queues=["fast", "slow"], concurrency=4, running=2)
+    record_heartbeat("gone:2", queues=["fast"], concurrency=1, stopping=True)
+    record_heartbeat(
+        "quiet:3", queues=["fast"], concurrency=1, now=timezone.now() - timedelta(minutes=5)
+    )
+    page = text(admin_client.get(reverse("admin:pikku_django_workerheartbeat_changelist")))
+    assert "fast, slow" in page
+    for worker, badge in (("live:1", "alive"), ("gone:2", "stopped"), ("quiet:3", "silent")):
+        row = page[page.index(f">{worker}<") :]
+        assert f">{badge}</span>" in row[: row.index("</tr>")]
+    assert 'name="_save"' not in page
