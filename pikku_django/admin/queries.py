@@ -15,7 +15,14 @@ from django.db import connections
 from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, UUIDField
 from django.utils import timezone
 
-from pikku_django.models import RunStatus, StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.models import (
+    RunStatus,
+    StepAttempt,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+)
 
 
 def with_list_columns(runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
@@ -42,6 +49,15 @@ def run_duration(run: WorkflowRun, now: datetime | None = None) -> timedelta:
     """How long the run has taken: until its last change once finished, else until now."""
     end = run.updated_at if run.is_terminal else (now or timezone.now())
     return max(timedelta(0), end - run.created_at)
+
+
+def ready_steps(steps: QuerySet[WorkflowStep], now: datetime) -> QuerySet[WorkflowStep]:
+    """Queued steps that are due and wait for a worker to claim them."""
+    return steps.filter(
+        kind=StepKind.QUEUED,
+        status__in=(StepStatus.PENDING, StepStatus.SCHEDULED),
+        available_at__lte=now,
+    )
 
 
 def runs_in_queue(queue: str, using: str) -> QuerySet[WorkflowStep]:

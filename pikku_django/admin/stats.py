@@ -10,11 +10,11 @@ from django.db.models import Count, Min, QuerySet
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
+from pikku_django.admin.queries import ready_steps
 from pikku_django.heartbeats import recent_workers
 from pikku_django.models import (
     RunStatus,
     StepAttempt,
-    StepKind,
     StepStatus,
     WorkerHeartbeat,
     WorkflowRun,
@@ -143,13 +143,7 @@ def collect(using: str, *, now: datetime | None = None) -> Figures:
     for row in running:
         loads[row["queue"]]["running"] = row["n"]
     ready = (
-        steps.filter(
-            kind=StepKind.QUEUED,
-            status__in=(StepStatus.PENDING, StepStatus.SCHEDULED),
-            available_at__lte=now,
-        )
-        .values("queue")
-        .annotate(n=Count("id"), oldest=Min("available_at"))
+        ready_steps(steps, now).values("queue").annotate(n=Count("id"), oldest=Min("available_at"))
     )
     for row in ready:
         loads[row["queue"]]["waiting"] = row["n"]
