@@ -21,21 +21,16 @@ from django.urls import reverse
 from django.utils import timezone
 
 from pikku_django.admin.formatting import workflow_title
-from pikku_django.heartbeats import is_alive, prune_heartbeats, recent_workers, record_heartbeat
+from pikku_django.heartbeats import record_heartbeat
 from pikku_django.models import (
     RunStatus,
     StepKind,
     StepStatus,
-    TriggerSource,
-    WorkerHeartbeat,
     WorkflowRun,
 )
-from pikku_django.webhooks.lifecycle import sync
 from pikku_django.workflows.api import reset_engine
-from tests import webhook_provider_defs as defs
 from tests.conftest import database_alias, on_databases
 from tests.factories import StepAttemptFactory, WorkflowRunFactory, WorkflowStepFactory
-from tests.webhook_provider_defs import FakeProvider
 
 RUNS = reverse("admin:pikku_django_workflowrun_changelist")
 DASHBOARD = reverse("admin:pikku_django_workflowrun_dashboard")
@@ -386,126 +381,3 @@ def test_the_dashboard_reads_a_loaded_database_in_a_bounded_number_of_queries(
         counts.append(len(ours))
     assert counts[0] == counts[1]  # the same statements, whatever the data
     assert counts[1] <= 9, ours
-
-
-# -- heartbeats --------------------------------------------------------------------------
-
-
-@pytest.mark.django_db
-def test_record_heartbeat_creates_then_updates_one_row_per_worker() -> None:
-    t0 = timezone.now() - timedelta(minutes=30)
-    first = record_heartbeat("web-1:42", queues=["b", "a", "a"], concurrency=8, now=t0)
-    assert (first.queues, first.concurrency, first.running) == (["a", "b"], 8, 0)
-    assert first.started_at == first.seen_at == t0
-    assert first.pid
-    assert first.hostname
-    assert first.version
-    later = record_heartbeat("web-1:42", queues=["a"], concurrency=8, running=3)
-    assert WorkerHeartbeat.objects.count() == 1
-    assert later.started_at == t0
-    assert later.seen_at > t0
-    assert later.running == 3
-    assert is_alive(later)
-    stopped = record_heartbeat("web-1:42", queues=["a"], concurrency=8, stopping=True)
-    assert stopped.stopped_at is not None
-    assert not is_alive(stopped)
-    record_heartbeat("web-1:42", queues=["a"], concurrency=8)  # started again
-    assert WorkerHeartbeat.objects.get().stopped_at is None
-    record_heartbeat("old:1", queues=[], concurrency=1, now=t0 - timedelta(days=2))
-    assert [w.worker_id for w in recent_workers()] == ["web-1:42"]
-    assert prune_heartbeats() == 1
-    assert not is_alive(
-        record_heartbeat("quiet:1", queues=[], concurrency=1, now=t0), now=timezone.now()
-    )
-
-
-@pytest.mark.parametrize(
-    ("worker", "kwargs", "message"),
-    [
-        ("", {"concurrency": 1}, "worker_id"),
-        ("w", {"concurrency": 0}, "concurrency"),
-        ("w", {"concurrency": 1, "running": -1}, "running"),
-    ],
-)
-@pytest.mark.django_db
-def test_record_heartbeat_refuses_bad_input(worker: str, kwargs: Any, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        record_heartbeat(worker, queues=[], **kwargs)
-    assert WorkerHeartbeat.objects.count() == 0
-
-
-# -- the source page's buttons -----------------------------------------------------------
-
-
-@pytest.fixture
-def provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeProvider]:
-    monkeypatch.delenv("PIKKU_DEV_WEBHOOK_URL", raising=False)
-    sync()
-    yield from defs.running_provider()
-
-
-def switch(name: str, way: str) -> str:
-    return reverse("admin:pikku_django_triggersource_switch", args=[name, way])
-
-
-@pytest.mark.django_db(transaction=True)
-def test_enable_and_disable_buttons_confirm_switch_and_log(
-    admin_client: Client, provider: FakeProvider
-) -> None:
-    source_page = reverse("admin:pikku_django_triggersource_change", args=["prov-hooks"])
-    page = text(admin_client.get(source_page))
-    assert f'href="{switch("prov-hooks", "enable")}"' in page
-    # No address is recorded: the confirmation asks for one, offering this site's.
-    form = text(admin_client.get(switch("prov-hooks", "enable")))
-    assert 'value="http://testserver/pikku/"' in form
-    bad = text(admin_client.post(switch("prov-hooks", "enable"), {"pikku_base_url": "ftp://x"}))
-    assert "is not an http(s) URL" in bad
-    assert TriggerSource.objects.get(name="prov-hooks").enabled is False
-    done = admin_client.post(
-        switch("prov-hooks", "enable"), {"pikku_base_url": "http://testserver/pikku/"}
-    )
-    assert done.status_code == 302
-    row = TriggerSource.objects.get(name="prov-hooks")
-    assert row.enabled is True
-    assert len(provider.registrations) == 1
-    assert f'href="{switch("prov-hooks", "disable")}"' in text(admin_client.get(source_page))
-    assert admin_client.post(switch("prov-hooks", "disable")).status_code == 302
-    assert TriggerSource.objects.get(name="prov-hooks").enabled is False
-    assert provider.registrations == {}
-    messages = [e.change_message for e in entries_for(row)]
-    assert messages == [
-        "Enabled from the admin; provider step: ok (registered (missing)) "
-        "(base URL http://testserver/pikku/)",
-        "Disabled from the admin; provider step: disabled (removed from the provider)",
-    ]
-
-
-@pytest.mark.django_db(transaction=True)
-def test_source_buttons_need_the_change_permission(
-    django_user_model: Any, provider: FakeProvider
-) -> None:
-    client = client_for(django_user_model, "view_triggersource")
-    page = text(client.get(reverse("admin:pikku_django_triggersource_change", args=["prov-hooks"])))
-    assert "pikku-switch-" not in page
-    assert client.get(switch("prov-hooks", "enable")).status_code == 403
-    post = client.post(switch("prov-hooks", "enable"), {"pikku_base_url": "http://x/"})
-    assert post.status_code == 403
-    assert TriggerSource.objects.get(name="prov-hooks").enabled is False
-    assert provider.registrations == {}
-
-
-@pytest.mark.django_db
-def test_the_heartbeat_list_shows_each_worker_and_whether_it_is_alive(
-    admin_client: Client,
-) -> None:
-    record_heartbeat("live:1", queues=["fast", "slow"], concurrency=4, running=2)
-    record_heartbeat("gone:2", queues=["fast"], concurrency=1, stopping=True)
-    record_heartbeat(
-        "quiet:3", queues=["fast"], concurrency=1, now=timezone.now() - timedelta(minutes=5)
-    )
-    page = text(admin_client.get(reverse("admin:pikku_django_workerheartbeat_changelist")))
-    assert "fast, slow" in page
-    for worker, badge in (("live:1", "alive"), ("gone:2", "stopped"), ("quiet:3", "silent")):
-        row = page[page.index(f">{worker}<") :]
-        assert f">{badge}</span>" in row[: row.index("</tr>")]
-    assert 'name="_save"' not in page
