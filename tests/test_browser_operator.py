@@ -292,3 +292,42 @@ def test_the_dashboard_refreshes_itself(superuser_browser: Any, tmp_path: Path) 
     rows = browser.find_element(By.ID, "result_list").text
     assert "op-b" in rows
     assert "op-a" not in rows
+
+
+@pytest.fixture
+def provider(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from pikku_django.webhooks.lifecycle import sync
+    from tests import webhook_provider_defs as defs
+
+    monkeypatch.delenv("PIKKU_DEV_WEBHOOK_URL", raising=False)
+    sync()
+    yield from defs.running_provider()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_enables_and_disables_a_source_from_its_page(
+    superuser_browser: Any, provider: Any, tmp_path: Path
+) -> None:
+    from pikku_django.models import TriggerSource
+
+    browser = superuser_browser
+    open_page(browser, reverse("admin:pikku_django_triggersource_change", args=["prov-hooks"]))
+    shot(browser, tmp_path, "source-off")
+    click(browser, "pikku-switch-enable")
+    field = browser.find_element(By.NAME, "pikku_base_url")
+    assert field.get_attribute("value") == browser.live_server_url + "/pikku/"
+    shot(browser, tmp_path, "source-enable-confirm")
+    click(browser, "pikku-confirm-submit")
+    shot(browser, tmp_path, "source-on")
+    shown = browser.find_element(By.CLASS_NAME, "messagelist").text.lower()
+    assert "prov-hooks: enabled; provider step: ok" in shown
+    assert TriggerSource.objects.get(name="prov-hooks").enabled is True
+    assert len(provider.registrations) == 1
+    shot(browser, tmp_path, "source-on")
+    click(browser, "pikku-switch-disable")
+    click(browser, "pikku-confirm-submit")
+    assert TriggerSource.objects.get(name="prov-hooks").enabled is False
+    browser.find_element(By.LINK_TEXT, "HISTORY").click()
+    history = browser.find_element(By.ID, "change-history").text
+    assert "Enabled from the admin; provider step: ok" in history
+    assert "Disabled from the admin" in history
