@@ -84,6 +84,16 @@ def attempt_entry(attempt: StepAttempt) -> AttemptEntry:
     )
 
 
+def child_link(child: WorkflowRun) -> SafeString:
+    """A link to a child run, named as the lists name it, with its status."""
+    title = workflow_title(child.workflow, child.idempotency_key)
+    return format_html(
+        "{} {}",
+        admin_link(child, format_html("{} <code>{}</code>", title, str(child.pk)[:8])),
+        status_badge(child.status, child.get_status_display()),
+    )
+
+
 def build_timeline(run: WorkflowRun, using: str) -> list[TimelineEntry]:
     """The run's steps in the order the workflow reached them, each with its attempts."""
     steps = list(
@@ -117,7 +127,7 @@ def build_timeline(run: WorkflowRun, using: str) -> list[TimelineEntry]:
                 if step.error is None
                 else pretty_json(without_traceback(step.error)),
                 error_traceback=error_part(step.error, "traceback"),
-                child_link=admin_link(step.child_run) if step.child_run is not None else None,
+                child_link=child_link(step.child_run) if step.child_run is not None else None,
             )
         )
     return entries
