@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.contrib import messages
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -83,7 +84,9 @@ class SourceSwitchMixin:
 
     def switch_url(self, row: TriggerSource, switch: Switch) -> str:
         opts = self.opts  # type: ignore[attr-defined]
-        return reverse(f"admin:{opts.app_label}_{opts.model_name}_switch", args=[row.pk, switch])
+        return reverse(
+            f"admin:{opts.app_label}_{opts.model_name}_switch", args=[quote(row.pk), switch]
+        )
 
     def change_view(
         self,
@@ -93,7 +96,7 @@ class SourceSwitchMixin:
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         extra = dict(extra_context or {})
-        row = TriggerSource.objects.filter(pk=object_id).first()
+        row = TriggerSource.objects.filter(pk=unquote(object_id)).first()
         if row is not None and self.has_switch_permission(request):
             switch = Switch.DISABLE if row.enabled else Switch.ENABLE
             extra["pikku_switch"] = {
@@ -106,13 +109,13 @@ class SourceSwitchMixin:
     def switch_view(self, request: HttpRequest, object_id: str, switch: str) -> HttpResponse:
         if switch not in Switch.__members__.values():
             raise Http404(f"No switch {switch!r}")
-        row = self.get_object(request, object_id)  # type: ignore[attr-defined]
+        row = self.get_object(request, unquote(object_id))  # type: ignore[attr-defined]
         if row is None:
             raise Http404("No such trigger source")
         if not self.has_switch_permission(request):
             raise PermissionDenied
         opts = self.opts  # type: ignore[attr-defined]
-        back = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[row.pk])
+        back = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[quote(row.pk)])
         source = get_source(row.name)
         enable = switch == Switch.ENABLE
         needs_url = enable and not row.base_url and not lifecycle.dev_webhook_url()
