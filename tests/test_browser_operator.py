@@ -161,9 +161,7 @@ def test_every_status_badge_passes_aa_in_the_light_and_dark_themes(
                 seen.add(badge["status"])
             shot(browser, tmp_path, f"badges-{theme}-{name}")
             if name == "run":
-                browser.execute_script(
-                    "document.getElementById('pikku-timeline').scrollIntoView()"
-                )
+                browser.execute_script("document.getElementById('pikku-timeline').scrollIntoView()")
                 shot(browser, tmp_path, f"badges-{theme}-run-timeline")
         # The themes differ: the page background follows the theme.
         body = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
