@@ -30,8 +30,9 @@ from tests.test_browser import wait_for
 
 try:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 except ImportError:  # pragma: no cover - the driver fixture skips
-    By = None
+    By = WebDriverWait = None
 
 AA = 4.5
 RUNS = "admin:pikku_django_workflowrun_changelist"
@@ -271,7 +272,8 @@ def test_a_view_only_user_sees_no_buttons_and_is_refused(
 
 
 def total(browser: Any) -> str:
-    return browser.find_element(By.ID, "pikku-total").text
+    # Read in one script: the refresh may swap the panel between two driver calls.
+    return browser.execute_script("return document.getElementById('pikku-total').textContent")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -290,7 +292,9 @@ def test_the_dashboard_refreshes_itself(superuser_browser: Any, tmp_path: Path) 
     assert state == "live"
     shot(browser, tmp_path, "dashboard-after")
     # Each figure links to its filtered list.
-    browser.find_element(By.CSS_SELECTOR, "tr[data-status=failed] a").click()
+    # (In one script: the panel may be swapped for a fresh one at any moment.)
+    browser.execute_script("document.querySelector('tr[data-status=failed] a').click()")
+    WebDriverWait(browser, 10).until(lambda d: "status__exact=failed" in d.current_url)
     assert "status__exact=failed" in browser.current_url
     rows = browser.find_element(By.ID, "result_list").text
     assert "op-b" in rows

@@ -7,9 +7,9 @@ from datetime import datetime
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-WIDTH = 720
-HEIGHT = 140
-LEFT = 36  # room for the y labels
+WIDTH = 420
+HEIGHT = 130
+LEFT = 32  # room for the y labels
 BOTTOM = 18  # room for the x labels
 TOP = 8
 
