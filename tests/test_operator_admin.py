@@ -381,3 +381,20 @@ def test_the_dashboard_reads_a_loaded_database_in_a_bounded_number_of_queries(
         counts.append(len(ours))
     assert counts[0] == counts[1]  # the same statements, whatever the data
     assert counts[1] <= 9, ours
+
+
+@on_databases("sqlite", "postgres", "mariadb")
+def test_the_charts_count_each_minute_in_any_time_zone(vendor: str, settings: Any) -> None:
+    from pikku_django.admin.stats import collect
+
+    alias = database_alias(vendor)
+    settings.TIME_ZONE = "Europe/Helsinki"
+    now = timezone.now().replace(second=30, microsecond=0)
+    for minutes_ago in (0, 0, 5, 60 * 25):
+        run = WorkflowRunFactory(database=alias, status=RunStatus.COMPLETED)
+        at = now - timedelta(minutes=minutes_ago)
+        WorkflowRun.objects.using(alias).filter(pk=run.pk).update(created_at=at, updated_at=at)
+    started = collect(alias, now=now).series["started"].counts
+    assert started[-1] == 2  # this minute
+    assert started[-6] == 1  # five minutes ago
+    assert sum(started) == 3  # the run of 25 hours ago is outside the window
