@@ -140,8 +140,18 @@ class Command(BaseCommand):
         listing.add_argument("--workflow", help="Only runs of this workflow (its name).")
         listing.add_argument("--status", choices=RunStatus.values, help="Only runs in this status.")
         listing.add_argument("--queue", help="Only runs with a step on this queue.")
-        listing.add_argument("--since", type=day, help="Only runs started on or after this day.")
-        listing.add_argument("--until", type=day, help="Only runs started on or before this day.")
+        listing.add_argument(
+            "--since",
+            type=day,
+            metavar="YYYY-MM-DD",
+            help="Only runs started on or after this day.",
+        )
+        listing.add_argument(
+            "--until",
+            type=day,
+            metavar="YYYY-MM-DD",
+            help="Only runs started on or before this day.",
+        )
         listing.add_argument(
             "--search",
             help="Runs whose id, idempotency key or workflow contains this text "
