@@ -111,20 +111,29 @@ def require_browser() -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _live_server_static() -> Iterator[None]:
-    """Let ``live_server`` serve the package's static files.
+    """Let ``live_server`` serve the admin's and the package's static files.
 
     ``live_server`` is session-scoped and its static handler reads ``STATIC_URL``
     when it starts: with none set (as in tests/settings.py) it fails every
-    request. So when the project sets none, this serves the package's own
-    ``static/`` directory at ``/static/`` for the rest of the session (autouse, so
-    it is in place before ``live_server`` starts).
+    request. So when the project sets none, this serves, at ``/static/``, a
+    directory holding the admin's ``static/admin`` (its stylesheets and themes)
+    and the package's ``static/pikku_django`` for the rest of the session
+    (autouse, so it is in place before ``live_server`` starts).
     """
     if django_settings.STATIC_URL:
         yield
         return
-    static_root = Path(pikku_django.__file__).resolve().parent / "static"
-    with override_settings(STATIC_URL="/static/", STATIC_ROOT=str(static_root)):
-        yield
+    import django.contrib.admin
+
+    sources = {
+        "admin": Path(django.contrib.admin.__file__).resolve().parent / "static" / "admin",
+        "pikku_django": Path(pikku_django.__file__).resolve().parent / "static" / "pikku_django",
+    }
+    with tempfile.TemporaryDirectory(prefix="pikku-static-") as root:
+        for name, source in sources.items():
+            (Path(root) / name).symlink_to(source, target_is_directory=True)
+        with override_settings(STATIC_URL="/static/", STATIC_ROOT=root):
+            yield
 
 
 @pytest.fixture(scope="module")

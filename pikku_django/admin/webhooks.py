@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib import admin, messages
@@ -26,19 +25,23 @@ from django.contrib.auth import get_permission_codename
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from pikku_django.admin.workflows import EMPTY, admin_link, json_block, workflow_database
+from pikku_django.admin.formatting import EMPTY, admin_link, json_block, workflow_database
+from pikku_django.admin.source_switch import (
+    SourceSwitchMixin,
+    suggested_base_url,
+    valid_base_url,
+)
 from pikku_django.models import CredentialValue, TriggerSource, WebhookReceipt, WorkflowRun
 from pikku_django.webhooks import lifecycle
 from pikku_django.webhooks.credentials import set_credential
 from pikku_django.webhooks.lifecycle import Outcome, SourceError
-from pikku_django.webhooks.sources import WebhookSource, get_source, sources
+from pikku_django.webhooks.sources import get_source, sources
 
 #: The field of the "which base URL" page (named so it cannot clash with the changelist).
 BASE_URL_FIELD = "pikku_base_url"
@@ -46,35 +49,11 @@ BASE_URL_FIELD = "pikku_base_url"
 OUTCOME_LEVELS = {"error": messages.ERROR, "manual": messages.WARNING}
 
 
-def suggested_base_url(request: HttpRequest, source: WebhookSource | None) -> str:
-    """This site's address where ``pikku_django.urls`` is mounted, as ``request`` sees it."""
-    root = request.build_absolute_uri("/")
-    if source is None or not source.route:
-        return root
-    try:
-        path = reverse("pikku_django:webhook", kwargs={"route": source.route})
-    except NoReverseMatch:
-        return root
-    if not path.endswith(source.route):
-        return root
-    return request.build_absolute_uri(path[: len(path) - len(source.route)] or "/")
-
-
-def valid_base_url(value: str) -> bool:
-    """An http(s) URL with a host (an intranet name like ``http://app:8000/`` too)."""
-    parts = urlsplit(value)
-    return (
-        parts.scheme in ("http", "https")
-        and bool(parts.hostname)
-        and not any(c.isspace() for c in value)
-    )
-
-
 # -- trigger sources ------------------------------------------------------------------
 
 
 @admin.register(TriggerSource)
-class TriggerSourceAdmin(admin.ModelAdmin):
+class TriggerSourceAdmin(SourceSwitchMixin, admin.ModelAdmin):
     """Declared sources, their switch and their provider registration; read-only."""
 
     list_display = ("name", "enabled", "declared", "status", "short_detail", "updated_at")

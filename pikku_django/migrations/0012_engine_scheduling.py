@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pikku_django', '0010_lease_binary_collation'),
+        ('pikku_django', '0011_worker_heartbeat'),
     ]
 
     operations = [

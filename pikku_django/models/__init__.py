@@ -1,5 +1,6 @@
 """pikku_django's models, one module per concern."""
 
+from pikku_django.models.heartbeats import WorkerHeartbeat
 from pikku_django.models.leases import Lease
 from pikku_django.models.schedules import MissedTicks, Schedule, ScheduleOrigin
 from pikku_django.models.webhooks import CredentialValue, TriggerSource, WebhookReceipt
@@ -28,6 +29,7 @@ __all__ = [
     "StepStatus",
     "TriggerSource",
     "WebhookReceipt",
+    "WorkerHeartbeat",
     "WorkflowRun",
     "WorkflowStep",
 ]

@@ -9,6 +9,10 @@
  *   suspended     the reason the run waits for
  *   done          the final status, output and error; the stream is closed
  *
+ * The run's status is the badge in the page's heading (#pikku-run-status); the
+ * suspend reason, output and error rows below it are filled in when the run
+ * reaches them after the page was drawn (what the server drew is kept).
+ *
  * Everything from the stream is written as text (textContent), never as markup.
  * When the stream drops, a quiet note says so and EventSource reconnects by
  * itself; the next frame clears the note. The panel's data-state says where
@@ -36,7 +40,7 @@
   }
 
   function statusClass(status) {
-    return "pikku-status-" + String(status).replace(/[^A-Za-z0-9_-]/g, "");
+    return "pikku-badge pikku-badge-" + String(status).replace(/[^A-Za-z0-9_-]/g, "");
   }
 
   function pretty(value) {
@@ -87,10 +91,20 @@
       show(reasonRow, true);
     }
 
-    function cell(row, index, value, className) {
+    function cell(row, index, value) {
+      text(row.cells[index], value);
+    }
+
+    function badgeCell(row, index, status) {
       var td = row.cells[index];
-      text(td, value);
-      td.className = className || "";
+      var badge = td.firstChild;
+      if (!badge || badge.nodeName !== "SPAN") {
+        td.textContent = "";
+        badge = document.createElement("span");
+        td.appendChild(badge);
+      }
+      text(badge, status);
+      badge.className = statusClass(status);
     }
 
     function newRow(name) {
@@ -122,7 +136,7 @@
         }
         cell(row, 0, i + 1);
         cell(row, 1, name);
-        cell(row, 2, step.status, statusClass(step.status));
+        badgeCell(row, 2, step.status);
         cell(row, 3, step.attempt);
       }
       while (tbody.rows.length > steps.length) {
@@ -144,6 +158,12 @@
 
     function finish(run) {
       render(run);
+      if (outputRow && !outputRow.hidden) {
+        return; // the server drew the finished run: its output and error stay
+      }
+      if (errorRow && !errorRow.hidden) {
+        return;
+      }
       text(outputEl, pretty(run.output));
       show(outputRow, run.output !== undefined && run.output !== null);
       var error = run.error;

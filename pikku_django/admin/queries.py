@@ -1,0 +1,141 @@
+"""The run lists' queries, shared by the admin and ``manage.py pikku_runs``.
+
+One place says what a run's current step, attempts and parent are, and what
+each filter (workflow, status, queue, date, search) selects.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from typing import Any
+
+from django.db import connections
+from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, UUIDField
+from django.utils import timezone
+
+from pikku_django.models import (
+    RunStatus,
+    StepAttempt,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+)
+
+
+def with_list_columns(runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
+    """``runs`` with ``current_step``, ``current_step_status``, ``attempt_count`` and
+    ``parent_run_id``, each read in the same statement."""
+    last_step = WorkflowStep.objects.filter(run_id=OuterRef("pk")).order_by("-id")
+    attempts = (
+        StepAttempt.objects.filter(step__run_id=OuterRef("pk"))
+        .order_by()
+        .values("step__run_id")
+        .annotate(n=Count("id"))
+        .values("n")[:1]
+    )
+    parent = WorkflowStep.objects.filter(child_run_id=OuterRef("pk")).order_by("id")
+    return runs.annotate(
+        current_step=Subquery(last_step.values("name")[:1]),
+        current_step_status=Subquery(last_step.values("status")[:1]),
+        attempt_count=Subquery(attempts, output_field=IntegerField()),
+        parent_run_id=Subquery(parent.values("run_id")[:1], output_field=UUIDField()),
+    )
+
+
+def run_duration(run: WorkflowRun, now: datetime | None = None) -> timedelta:
+    """How long the run has taken: until its last change once finished, else until now."""
+    end = run.updated_at if run.is_terminal else (now or timezone.now())
+    return max(timedelta(0), end - run.created_at)
+
+
+def ready_steps(steps: QuerySet[WorkflowStep], now: datetime) -> QuerySet[WorkflowStep]:
+    """Queued steps that are due and wait for a worker to claim them."""
+    return steps.filter(
+        kind=StepKind.QUEUED,
+        status__in=(StepStatus.PENDING, StepStatus.SCHEDULED),
+        available_at__lte=now,
+    )
+
+
+def runs_in_queue(queue: str, using: str) -> QuerySet[WorkflowStep]:
+    """The ids of runs with a step on ``queue`` (for ``pk__in``)."""
+    return WorkflowStep.objects.using(using).filter(queue=queue).values("run_id")
+
+
+def search_filter(term: str, vendor: str) -> Q:
+    """Runs whose id, idempotency key or (on PostgreSQL) input text contains ``term``."""
+    query = Q(idempotency_key__icontains=term) | Q(workflow__icontains=term)
+    try:
+        query |= Q(id=uuid.UUID(term))
+    except ValueError:
+        query |= Q(id__icontains=term.replace("-", "") if vendor != "postgresql" else term)
+    if vendor == "postgresql":
+        query |= Q(input__icontains=term)
+    return query
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    """What the admin's filters and ``pikku_runs list`` select runs by."""
+
+    workflow: str | None = None
+    status: str | None = None
+    queue: str | None = None
+    since: date | None = None  # started on or after this day
+    until: date | None = None  # started before the end of this day
+    search: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None and self.status not in RunStatus.values:
+            raise ValueError(
+                f"unknown status {self.status!r}; use one of {', '.join(RunStatus.values)}"
+            )
+
+    def apply(self, runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
+        using = runs.db
+        if self.workflow:
+            runs = runs.filter(workflow=self.workflow)
+        if self.status:
+            runs = runs.filter(status=self.status)
+        if self.queue:
+            runs = runs.filter(pk__in=runs_in_queue(self.queue, using))
+        if self.since:
+            runs = runs.filter(created_at__gte=start_of(self.since))
+        if self.until:
+            runs = runs.filter(created_at__lt=start_of(self.until + timedelta(days=1)))
+        if self.search:
+            runs = runs.filter(search_filter(self.search, connections[using].vendor))
+        return runs
+
+
+def start_of(day: date) -> datetime:
+    """Midnight at the start of ``day`` in the current time zone."""
+    moment = datetime.combine(day, time.min)
+    return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
+
+
+def queues(using: str) -> list[str]:
+    """Every queue a step has been put on."""
+    return sorted(
+        WorkflowStep.objects.using(using).order_by().values_list("queue", flat=True).distinct()
+    )
+
+
+def describe(run: Any) -> dict[str, Any]:
+    """A listed run (with :func:`with_list_columns`) as plain data."""
+    return {
+        "id": str(run.id),
+        "workflow": run.workflow,
+        "status": run.status,
+        "current_step": getattr(run, "current_step", None),
+        "created_at": run.created_at.isoformat(),
+        "updated_at": run.updated_at.isoformat(),
+        "duration_seconds": round(run_duration(run).total_seconds(), 3),
+        "attempts": getattr(run, "attempt_count", None) or 0,
+        "suspend_reason": run.suspend_reason,
+        "parent": str(run.parent_run_id) if getattr(run, "parent_run_id", None) else None,
+        "idempotency_key": run.idempotency_key,
+    }
