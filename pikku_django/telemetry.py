@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.db.models import Count, Min
+from django.dispatch import Signal
 from django.utils import timezone
 
 try:
@@ -116,7 +117,7 @@ class Telemetry:
             )
         self._spans: dict[tuple[Any, ...], Span] = {}
         self._lock = threading.Lock()
-        self._receivers = {
+        self._receivers: dict[Signal, Callable[..., Any]] = {
             signals.run_pass_started: self.on_run_pass_started,
             signals.run_pass_finished: self.on_run_pass_finished,
             signals.step_attempt_started: self.on_step_attempt_started,

@@ -215,7 +215,7 @@ class Command(BaseCommand):
             until=options["until"],
             search=options["search"],
         )
-        runs = list(
+        runs: list[Any] = list(
             with_list_columns(filters.apply(WorkflowRun.objects.using(using))).order_by(
                 "-created_at"
             )[: options["limit"]]
@@ -246,7 +246,7 @@ class Command(BaseCommand):
     # -- show ------------------------------------------------------------------------------
 
     def show_run(self, run: WorkflowRun, using: str, *, as_json: bool) -> None:
-        listed = with_list_columns(WorkflowRun.objects.using(using).filter(pk=run.pk)).get()
+        listed: Any = with_list_columns(WorkflowRun.objects.using(using).filter(pk=run.pk)).get()
         steps = list(
             WorkflowStep.objects.using(using)
             .filter(run_id=run.pk)
