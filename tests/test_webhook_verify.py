@@ -740,7 +740,7 @@ def test_repr_holds_no_secret() -> None:
     assert repr(Discord(tolerance=None)) == "Discord(tolerance=None)"
     assert repr(HMAC("X-Sig", prefix="v=")) == (
         "HMAC(header='X-Sig', prefix='v=', algorithm='sha256', encoding='hex', "
-        "secret_encoding='utf8')"
+        "secret_encoding='utf8', exact_case=False)"
     )
 
 
