@@ -250,13 +250,19 @@ class StandardWebhooks(Verifier[tuple[str, Any]]):
         if secret.startswith("whpk_"):
             if not HAS_CRYPTOGRAPHY:
                 raise ValueError("whpk_ keys need the 'cryptography' package")
-            raw = decode_base64(secret[len("whpk_") :])
+            try:
+                raw = decode_base64(secret[len("whpk_") :])
+            except ValueError:
+                raw = b""
             if len(raw) != 32:
                 raise ValueError("a whpk_ key must be 32 bytes of base64")
             return "v1a", load_public_key(raw.hex(), "ed25519")
         if secret.startswith("whsk_"):
             raise ValueError("this is the signing key; set its public key (whpk_...) instead")
-        key = decode_base64(secret.removeprefix("whsec_"))
+        try:
+            key = decode_base64(secret.removeprefix("whsec_"))
+        except ValueError:
+            raise ValueError("the secret is not whsec_ followed by base64") from None
         if not key:
             raise ValueError("the secret is empty")
         return "v1", key

@@ -45,7 +45,7 @@ from pikku_django.webhooks.signatures import (
 
 try:
     from cryptography import x509
-    from cryptography.exceptions import InvalidSignature
+    from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
     from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
@@ -240,10 +240,14 @@ class Verifier(ABC, Generic[K]):
 def _decode_secret(secret: str, encoding: str) -> bytes:
     if encoding == "utf8":
         key = secret.encode("utf-8")
-    elif encoding == "hex":
-        key = decode_hex(secret.strip())
     else:
-        key = decode_base64(secret.strip())
+        try:
+            decode = decode_hex if encoding == "hex" else decode_base64
+            key = decode(secret.strip())
+        except ValueError:
+            raise ValueError(
+                f"the secret is not {encoding} (secret_encoding={encoding!r})"
+            ) from None
     if not key:
         raise ValueError("the secret is empty")
     return key
@@ -344,17 +348,13 @@ def load_public_key(secret: str, algorithm: str) -> Any:
     Raises ``ValueError`` when it is not a public key of ``algorithm``'s type.
     """
     _require_cryptography("public-key verification")
-    text = secret.strip()
-    if text.startswith("-----BEGIN CERTIFICATE"):
-        key = x509.load_pem_x509_certificate(text.encode("ascii")).public_key()
-    elif text.startswith("-----BEGIN"):
-        key = serialization.load_pem_public_key(text.encode("ascii"))
-    else:
-        raw = decode_hex(text) if HEX.fullmatch(text) else decode_base64(text)
-        if algorithm == "ed25519" and len(raw) == 32:
-            key = ed25519.Ed25519PublicKey.from_public_bytes(raw)
-        else:
-            key = serialization.load_der_public_key(raw)
+    try:
+        key = _parse_public_key(secret.strip(), algorithm)
+    except (ValueError, UnsupportedAlgorithm):
+        raw_ok = ", or its 32 raw bytes in hex or base64" if algorithm == "ed25519" else ""
+        raise ValueError(
+            "not a public key: give it as PEM, a PEM certificate, or DER in hex or base64" + raw_ok
+        ) from None
     if algorithm == "ed25519":
         if not isinstance(key, ed25519.Ed25519PublicKey):
             raise ValueError("not an Ed25519 public key")
@@ -366,6 +366,17 @@ def load_public_key(secret: str, algorithm: str) -> Any:
         if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != curve:
             raise ValueError(f"not an ECDSA {curve} public key")
     return key
+
+
+def _parse_public_key(text: str, algorithm: str) -> Any:
+    if text.startswith("-----BEGIN CERTIFICATE"):
+        return x509.load_pem_x509_certificate(text.encode("ascii")).public_key()
+    if text.startswith("-----BEGIN"):
+        return serialization.load_pem_public_key(text.encode("ascii"))
+    raw = decode_hex(text) if HEX.fullmatch(text) else decode_base64(text)
+    if algorithm == "ed25519" and len(raw) == 32:
+        return ed25519.Ed25519PublicKey.from_public_bytes(raw)
+    return serialization.load_der_public_key(raw)
 
 
 def _hash(name: str) -> Any:
