@@ -16,6 +16,29 @@ from typing import Any
 
 from django.utils.datastructures import CaseInsensitiveMapping
 
+__all__ = [
+    "MAX_DELIVERY_ID_LENGTH",
+    "MAX_HEADER_LENGTH",
+    "MAX_SIGNATURES",
+    "Headers",
+    "MalformedSignatureError",
+    "SignatureFormat",
+    "SignatureMismatchError",
+    "SignedMessage",
+    "StaleRequestError",
+    "WebhookRequest",
+    "WebhookVerificationError",
+    "check_delivery_id",
+    "check_tolerance",
+    "check_window",
+    "collect_signatures",
+    "decode_base64",
+    "decode_hex",
+    "decode_signature",
+    "parse_timestamp",
+    "strip_prefix",
+]
+
 #: A signature, timestamp or delivery-id header longer than this is malformed.
 MAX_HEADER_LENGTH = 4096
 #: At most this many signatures in one header (bounds the work per request).

@@ -14,7 +14,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 
-from pikku_django.webhooks import bodies
+from pikku_django.webhooks.bodies import check_json_text, loads
 from pikku_django.webhooks.credentials import credential_name
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
@@ -51,7 +51,7 @@ class WebhookEvent:
         """An event whose data is the JSON ``text``, parsed when first read
         (:class:`~pikku_django.webhooks.bodies.BodyLimitError` at once when the text
         is larger or deeper than the bounds)."""
-        bodies.check_json_text(text)
+        check_json_text(text)
         event = cls(name, id=id, data=_UNREAD)
         event._json = text
         return event
@@ -59,7 +59,7 @@ class WebhookEvent:
     @property
     def data(self) -> Any:
         if self._data is _UNREAD:
-            self._data = bodies.loads(self._json or "")
+            self._data = loads(self._json or "")
         return self._data
 
     def __eq__(self, other: object) -> bool:
@@ -103,7 +103,7 @@ class ReceiveContext:
     def json(self) -> Any:
         """The body parsed as JSON: ``ValueError`` when it is not JSON, or (a
         ``BodyLimitError``) when it is larger or deeper than the bounds."""
-        return bodies.loads(self.body.decode("utf-8"))
+        return loads(self.body.decode("utf-8"))
 
     def body_event(self, name: str, id: str | None = None) -> WebhookEvent:
         """One event whose data is the whole JSON body, stored as it came rather than

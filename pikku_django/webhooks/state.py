@@ -9,7 +9,9 @@ the view has it confirmed by the database before its answer stands, through the
 gate of the statement that stores the request's events, or by reading it afresh.
 Only enabled sources are kept, so a 404 is always answered from a fresh read.
 Every other database, and a connection inside a transaction, reads the state on
-every request.
+every request. :class:`RequestState` is that rule for one request: it holds the
+state, and reads it afresh whenever an answer would otherwise stand on a kept state
+nothing has confirmed.
 """
 
 from __future__ import annotations
