@@ -78,11 +78,6 @@ DEFAULTS: dict[str, Any] = {
     "STREAM_MAX_SECONDS": 3600.0,
     # The largest webhook body read, in bytes; larger requests get 413.
     "WEBHOOK_MAX_BODY": 1_048_576,
-    # The deepest a webhook body's JSON may nest (arrays and objects) for
-    # ctx.json(), ctx.body_event() and event data; deeper bodies get 400. The
-    # default is what every database stores: MariaDB takes JSON 31 levels deep,
-    # and the run's input wraps the data in up to two more.
-    "WEBHOOK_MAX_JSON_DEPTH": 29,
     # PostgreSQL: keep each enabled webhook source's switch and secrets on a
     # persistent connection between requests, dropped when a change is notified;
     # every stored event re-checks them in its own statement. Turn off where

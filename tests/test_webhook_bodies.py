@@ -24,7 +24,14 @@ from pikku_django.webhooks import (
     set_credential,
     start_workflow_on,
 )
-from pikku_django.webhooks.bodies import BodyLimitError, check_json_text, json_depth, loads
+from pikku_django.webhooks import bodies as bodies_module
+from pikku_django.webhooks.bodies import (
+    MAX_JSON_DEPTH,
+    BodyLimitError,
+    check_json_text,
+    json_depth,
+    loads,
+)
 from pikku_django.webhooks.lifecycle import sync
 from pikku_django.webhooks.presets import GitHub
 from pikku_django.webhooks.sources import ReceiveContext, unregister_source
@@ -32,7 +39,17 @@ from pikku_django.workflows.api import reset_engine
 from tests.conftest import database_alias, on_databases
 
 SECRET = "a body-bounds secret"
-LIMIT = 29  # PIKKU["WEBHOOK_MAX_JSON_DEPTH"]'s default
+LIMIT = MAX_JSON_DEPTH
+assert LIMIT == 29
+
+
+@pytest.fixture(autouse=True)
+def _fresh_engine() -> Iterator[None]:
+    """The workflow engine follows each test's PIKKU, and none outlives it."""
+    reset_engine()
+    yield
+    reset_engine()
+
 
 # --- the depth scan ------------------------------------------------------------------------
 
@@ -85,8 +102,11 @@ def _raised(fn: Any) -> BaseException | None:
     return None
 
 
-def test_the_context_and_events_apply_the_bounds(settings: Any) -> None:
-    settings.PIKKU = {"WEBHOOK_MAX_JSON_DEPTH": 3, "WEBHOOK_MAX_BODY": 100}
+def test_the_context_and_events_apply_the_bounds(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bodies_module, "MAX_JSON_DEPTH", 3)
+    settings.PIKKU = {"WEBHOOK_MAX_BODY": 100}
     ctx = ReceiveContext(source=None, body=b"[[[[1]]]]", verified=True)  # type: ignore[arg-type]
     with pytest.raises(BodyLimitError, match="deeper than 3"):
         ctx.json()
@@ -96,8 +116,8 @@ def test_the_context_and_events_apply_the_bounds(settings: Any) -> None:
         WebhookEvent.from_json("doc", "[" + "1," * 60 + "1]")
     shallow = ReceiveContext(source=None, body=b"[[[1]]]", verified=True)  # type: ignore[arg-type]
     assert shallow.json() == [[[1]]]
-    settings.PIKKU = {"WEBHOOK_MAX_JSON_DEPTH": 0}
-    with pytest.raises(Exception, match="WEBHOOK_MAX_JSON_DEPTH"):
+    settings.PIKKU = {"WEBHOOK_MAX_BODY": "1 MB"}
+    with pytest.raises(Exception, match="WEBHOOK_MAX_BODY"):
         loads("[]")
 
 
@@ -215,10 +235,11 @@ def test_deep_bodies_on_each_database(vendor: str, bounded_sources: None, settin
 
 @on_databases("mariadb")
 def test_json_too_deep_for_mariadb_is_refused_by_it_not_a_503(
-    vendor: str, bounded_sources: None, settings: Any
+    vendor: str, bounded_sources: None, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     alias = database_alias(vendor)
-    settings.PIKKU = {"WORKFLOW_DATABASE": alias, "WEBHOOK_MAX_JSON_DEPTH": 40}
+    monkeypatch.setattr(bodies_module, "MAX_JSON_DEPTH", 40)
+    settings.PIKKU = {"WORKFLOW_DATABASE": alias}
     reset_engine()
     enable()
     client = Client()

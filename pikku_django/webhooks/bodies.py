@@ -3,8 +3,8 @@
 Any body a signed sender can send is either parsed or refused with a
 :class:`BodyLimitError` (a ``ValueError``, answered 400) that says which bound it
 broke: at most ``PIKKU["WEBHOOK_MAX_BODY"]`` bytes of JSON text, nested at most
-``PIKKU["WEBHOOK_MAX_JSON_DEPTH"]`` arrays and objects deep. The depth is measured
-before parsing, so a deep body never reaches the parser or the database.
+:data:`MAX_JSON_DEPTH` arrays and objects deep. The depth is measured before
+parsing, so a deep body never reaches the parser or the database.
 """
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 from pikku_django.conf import pikku_settings
 
-__all__ = ["BodyLimitError", "check_json_text", "json_depth", "loads"]
+__all__ = ["MAX_JSON_DEPTH", "BodyLimitError", "check_json_text", "json_depth", "loads"]
+
+#: The deepest JSON a webhook body may nest: what every database stores, as MariaDB
+#: takes JSON 31 levels deep and the run's input wraps the data in up to two more.
+MAX_JSON_DEPTH = 29
 
 
 class BodyLimitError(ValueError):
@@ -34,10 +38,12 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in _BRACKETS)
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
-def _setting(name: str) -> int:
-    value = getattr(pikku_settings, name)
+def _max_body() -> int:
+    value = pikku_settings.WEBHOOK_MAX_BODY
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ImproperlyConfigured(f"PIKKU[{name!r}] must be a positive int, not {value!r}")
+        raise ImproperlyConfigured(
+            f"PIKKU['WEBHOOK_MAX_BODY'] must be a positive int, not {value!r}"
+        )
     return value
 
 
@@ -60,12 +66,12 @@ def check_json_text(
     text: str | bytes, *, max_depth: int | None = None, max_size: int | None = None
 ) -> None:
     """Raise :class:`BodyLimitError` when ``text`` is larger or nests deeper than the
-    bounds (by default the ``PIKKU`` settings)."""
+    bounds (by default ``PIKKU["WEBHOOK_MAX_BODY"]`` and :data:`MAX_JSON_DEPTH`)."""
     data = _as_bytes(text)
-    size = _setting("WEBHOOK_MAX_BODY") if max_size is None else max_size
+    size = _max_body() if max_size is None else max_size
     if len(data) > size:
         raise BodyLimitError(f"the JSON is larger than {size} bytes")
-    depth = _setting("WEBHOOK_MAX_JSON_DEPTH") if max_depth is None else max_depth
+    depth = MAX_JSON_DEPTH if max_depth is None else max_depth
     opened = data.count(b"[") + data.count(b"{")
     if opened > depth and json_depth(data) > depth:
         raise BodyLimitError(f"the JSON nests deeper than {depth} levels")
@@ -81,5 +87,5 @@ def loads(text: str | bytes) -> Any:
     check_json_text(text)
     try:
         return json.loads(text, parse_constant=_no_constant)
-    except RecursionError:  # a bound set above what this stack can parse
+    except RecursionError:  # a bound above what this stack can parse
         raise BodyLimitError("the JSON nests too deeply to parse") from None
