@@ -10,7 +10,7 @@ parsing, so a deep body never reaches the parser or the database.
 from __future__ import annotations
 
 import json
-import re
+from array import array
 from itertools import accumulate
 from typing import Any
 
@@ -29,13 +29,12 @@ class BodyLimitError(ValueError):
     """JSON text larger or deeper than the bounds allow (answer 400)."""
 
 
-# A JSON string, or an unterminated one running to the end (which the parser then
-# refuses): possessive and always matching, so the scan is linear whatever the text.
-# UTF-8 continuation bytes never equal '"' or '\\', so scanning the bytes is safe.
-_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
-_BRACKETS = b"[]{}"
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in _BRACKETS)
-_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+# Only brackets and quotes matter for the depth: escaped backslashes and quotes go
+# first, so every quote left opens or closes a string (exactly so in valid JSON, and in
+# the valid part a parser reads of any other text: the depth is never under-counted).
+_DROP = bytes(b for b in range(256) if b not in b'[]{}"')
+# Openers as 1, closers as -1 (255, read as a signed byte).
+_STEPS = bytes.maketrans(b"[{]}", bytes([1, 1, 255, 255]))
 
 
 def _max_body() -> int:
@@ -50,16 +49,30 @@ def _max_body() -> int:
 def _as_bytes(text: str | bytes) -> bytes:
     if isinstance(text, str):
         return text.encode("utf-8", "surrogatepass")
-    return bytes(text)
+    return text if isinstance(text, bytes) else bytes(text)
+
+
+def _outside_strings(data: bytes) -> bytes:
+    """The brackets of JSON ``data`` that are not inside strings, in order."""
+    if b"\\" in data:
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    structure = data.translate(None, _DROP)
+    brackets = structure.replace(b'""', b"")  # strings without brackets: the usual case
+    if b'"' in brackets:  # some string holds brackets: drop every string's content
+        brackets = b"".join(structure.split(b'"')[::2])
+    return brackets
+
+
+def _depth(brackets: bytes) -> int:
+    if not brackets:
+        return 0
+    return max(0, max(accumulate(array("b", brackets.translate(_STEPS)))))
 
 
 def json_depth(text: str | bytes) -> int:
     """How deep arrays and objects nest in JSON ``text`` (0 for a scalar), brackets in
     strings not counted."""
-    brackets = _STRING.sub(b"", _as_bytes(text)).translate(None, _NOT_BRACKETS)
-    if not brackets:
-        return 0
-    return max(0, max(accumulate(map(_STEP.__getitem__, brackets))))
+    return _depth(_outside_strings(_as_bytes(text)))
 
 
 def check_json_text(
@@ -72,8 +85,9 @@ def check_json_text(
     if len(data) > size:
         raise BodyLimitError(f"the JSON is larger than {size} bytes")
     depth = MAX_JSON_DEPTH if max_depth is None else max_depth
-    opened = data.count(b"[") + data.count(b"{")
-    if opened > depth and json_depth(data) > depth:
+    brackets = _outside_strings(data)
+    opened = brackets.count(b"[") + brackets.count(b"{")
+    if opened > depth and _depth(brackets) > depth:
         raise BodyLimitError(f"the JSON nests deeper than {depth} levels")
 
 

@@ -52,6 +52,10 @@ class WebhookEvent:
         (:class:`~pikku_django.webhooks.bodies.BodyLimitError` at once when the text
         is larger or deeper than the bounds)."""
         check_json_text(text)
+        return cls._unread(name, text, id)
+
+    @classmethod
+    def _unread(cls, name: str, text: str, id: str | None) -> WebhookEvent:
         event = cls(name, id=id, data=_UNREAD)
         event._json = text
         return event
@@ -109,7 +113,8 @@ class ReceiveContext:
         """One event whose data is the whole JSON body, stored as it came rather than
         parsed and encoded again (a body that is not JSON, or is out of bounds, is
         answered 400)."""
-        return WebhookEvent.from_json(name, self.body.decode("utf-8"), id=id)
+        check_json_text(self.body)
+        return WebhookEvent._unread(name, self.body.decode("utf-8"), id)
 
 
 @dataclass
