@@ -1,13 +1,13 @@
 """The view every webhook source's route goes to, in one line: route, source, switch
 and secrets, verify, receive, store, answer.
 
-Each stage either hands the next one what it needs or refuses the request
-(:class:`Refused`). A source's switch and secrets may come from what the database
-connection kept from an earlier request (:class:`~pikku_django.webhooks.state.RequestState`);
-an answer stands only once that state is confirmed, by the gate of the statement
-that stores an event, or else by reading it afresh (404 when the source is now off).
-While the database cannot be reached the answer is 503: nothing was stored, so the
-sender delivers again.
+Each stage either hands the next one what it needs or answers the request itself
+(:class:`Answered`), most often with a refusal. A source's switch and secrets may
+come from what the database connection kept from an earlier request
+(:class:`~pikku_django.webhooks.state.RequestState`); an answer stands only once that
+state is confirmed, by the gate of the statement that stores an event, or else by
+reading it afresh (404 when the source is now off). While the database cannot be
+reached the answer is 503: nothing was stored, so the sender delivers again.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ METHODS = ("POST", "PUT", "GET", "HEAD")
 UNREADABLE = (ValueError, KeyError, UnicodeDecodeError, json.JSONDecodeError, RecursionError)
 
 
-class Refused(Exception):
-    """A stage refuses the request with ``response``."""
+class Answered(Exception):
+    """A stage answers the request itself with ``response``: a refusal, or the empty
+    200 of a HEAD."""
 
     def __init__(self, response: HttpResponse) -> None:
         super().__init__(response.status_code)
@@ -67,10 +68,10 @@ def _received(count: int) -> HttpResponse:
     return HttpResponse(b'{"received": %d}' % count, content_type="application/json")
 
 
-def _unreadable(reason: BaseException | None = None) -> Refused:
+def _unreadable(reason: BaseException | None = None) -> Answered:
     if isinstance(reason, BodyLimitError):
-        return Refused(_error(400, f"the body could not be read: {reason}"))
-    return Refused(_error(400, "the body could not be read"))
+        return Answered(_error(400, f"the body could not be read: {reason}"))
+    return Answered(_error(400, "the body could not be read"))
 
 
 @csrf_exempt
@@ -89,8 +90,8 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
         )
         try:
             answer = _answer(request, source, state)
-        except Refused as refused:
-            answer = refused.response
+        except Answered as early:
+            answer = early.response
         state.confirm()
     except SourceOff:
         return _error(404, "no such webhook source")
@@ -118,9 +119,9 @@ def _read_body(request: HttpRequest) -> bytes:
     """The raw body, read once; refused for a method no source answers, or when it is
     larger than ``PIKKU["WEBHOOK_MAX_BODY"]``."""
     if request.method not in METHODS:
-        raise Refused(_error(405, "method not allowed"))
+        raise Answered(_error(405, "method not allowed"))
     if request.method == "HEAD":
-        raise Refused(HttpResponse(status=200))
+        raise Answered(HttpResponse(status=200))
     limit = int(pikku_settings.WEBHOOK_MAX_BODY)
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
@@ -128,7 +129,7 @@ def _read_body(request: HttpRequest) -> bytes:
         declared = 0
     body = b"" if declared > limit else request.read(limit + 1)
     if declared > limit or len(body) > limit:
-        raise Refused(_error(413, "request body too large"))
+        raise Answered(_error(413, "request body too large"))
     return body
 
 
@@ -147,7 +148,7 @@ def _verify(
         return VerifiedRequest()
     try:
         return _check_signature(source, request, body, state)
-    except Refused:
+    except Answered:
         if not state.confirm():
             raise
     return _check_signature(source, request, body, state)
@@ -160,14 +161,14 @@ def _check_signature(
         logger.warning(
             "Webhook %s refused: credential %r has no value", source.name, source.credential
         )
-        raise Refused(_error(401, "webhook secret is not set"))
+        raise Answered(_error(401, "webhook secret is not set"))
     try:
         return source.verify.verify(request.headers, body, state.secrets, now=time.time())
     except MalformedSignatureError as exc:
-        raise Refused(_error(400, f"malformed signature: {exc}")) from None
+        raise Answered(_error(400, f"malformed signature: {exc}")) from None
     except WebhookVerificationError as exc:
         logger.info("Webhook %s refused: %s", source.name, exc)
-        raise Refused(_error(401, "signature does not match")) from None
+        raise Answered(_error(401, "signature does not match")) from None
 
 
 def _receive(source: WebhookSource, request: HttpRequest, ctx: ReceiveContext) -> Received:
@@ -179,7 +180,7 @@ def _receive(source: WebhookSource, request: HttpRequest, ctx: ReceiveContext) -
         raise _unreadable(exc) from None
     received = _as_received(value)
     if received.events and not ctx.verified:
-        raise Refused(_error(401, "events need a signed body"))
+        raise Answered(_error(401, "events need a signed body"))
     return received
 
 
@@ -279,7 +280,7 @@ def _source_changed(
         logger.info("Webhook %s was disabled while its events were stored", source.name)
         raise
     if changes > MAX_RECHECKS:
-        raise Refused(_error(503, "the source kept changing; send the request again"))
+        raise Answered(_error(503, "the source kept changing; send the request again"))
     if source.verify is not None:  # its secrets changed: verify again
         _check_signature(source, request, ctx.body, state)
 
