@@ -356,3 +356,38 @@ def check_migrations_applied(
                 )
             )
     return messages
+
+
+@checks.register(checks.Tags.database)
+def check_webhook_secrets(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Every active webhook secret is one its sources' verifiers can load.
+
+    Runs with ``manage.py check --database default`` (and before ``migrate``).
+    """
+    alias = pikku_settings.WORKFLOW_DATABASE
+    if not databases or alias not in databases or alias not in settings.DATABASES:
+        return []
+    from django.db import DatabaseError
+
+    from pikku_django.webhooks.secret_checks import unusable_secrets
+
+    try:
+        found = unusable_secrets()
+    except DatabaseError:  # no tables yet: check_database_state reports the migrations
+        return []
+    return [
+        checks.Warning(
+            f"Webhook source {bad.source!r} cannot use {bad.where} of credential "
+            f"{bad.credential!r}: {bad.reason}. Requests signed for it are refused (401).",
+            hint=(
+                f"Retire it (`manage.py pikku_credentials retire {bad.stored_id}`) and set "
+                f"one the source can use (`manage.py pikku_credentials set {bad.credential}`)."
+                if bad.stored_id is not None
+                else f"Correct PIKKU['CREDENTIALS'][{bad.credential!r}] in the settings."
+            ),
+            id="pikku_django.W008",
+        )
+        for bad in found
+    ]

@@ -41,6 +41,7 @@ from pikku_django.models import CredentialValue, TriggerSource, WebhookReceipt, 
 from pikku_django.webhooks import lifecycle
 from pikku_django.webhooks.credentials import set_credential
 from pikku_django.webhooks.lifecycle import Outcome, SourceError
+from pikku_django.webhooks.secret_checks import InvalidSecretError, check_secret
 from pikku_django.webhooks.sources import get_source, sources
 
 #: The field of the "which base URL" page (named so it cannot clash with the changelist).
@@ -260,6 +261,16 @@ class CredentialAddForm(forms.ModelForm):
             self.fields["credential"].help_text = _("Declared by the sources: %(names)s") % {
                 "names": ", ".join(names)
             }
+
+    def clean(self) -> dict[str, Any]:
+        """Refuse a value a source using the credential cannot verify with."""
+        cleaned = super().clean() or {}
+        if cleaned.get("credential") and cleaned.get("value"):
+            try:
+                check_secret(cleaned["credential"], cleaned["value"])
+            except InvalidSecretError as exc:
+                self.add_error("value", str(exc))
+        return cleaned
 
 
 @admin.register(CredentialValue)

@@ -1,6 +1,8 @@
 """Webhook sources: declared in code, verified before anything runs, dispatched durably."""
 
+from pikku_django.webhooks.bodies import BodyLimitError
 from pikku_django.webhooks.credentials import credential_name, credential_values, set_credential
+from pikku_django.webhooks.secret_checks import InvalidSecretError
 from pikku_django.webhooks.sources import (
     ProviderContext,
     ReceiveContext,
@@ -14,6 +16,8 @@ from pikku_django.webhooks.sources import (
 )
 
 __all__ = [
+    "BodyLimitError",
+    "InvalidSecretError",
     "ProviderContext",
     "ReceiveContext",
     "Received",

@@ -79,14 +79,22 @@ def hint_of(value: str) -> str:
     return value[-4:] if len(value) >= 12 else ""
 
 
-def set_credential(name: str, value: str, *, replace: bool = False) -> Any:
-    """Store a new active value for ``name``; ``replace`` retires the others."""
+def set_credential(name: str, value: str, *, replace: bool = False, validate: bool = True) -> Any:
+    """Store a new active value for ``name``; ``replace`` retires the others.
+
+    With ``validate``, a value that a declared source using ``name`` cannot verify
+    with raises :class:`~pikku_django.webhooks.secret_checks.InvalidSecretError`
+    (a ``ValueError`` naming the source and what is wrong), and nothing is stored.
+    """
     from django.db import transaction
 
     from pikku_django.models import CredentialValue
+    from pikku_django.webhooks.secret_checks import check_secret
 
     if not isinstance(value, str) or not value:
         raise ValueError(f"A value for credential {name!r} must be a non-empty str")
+    if validate:
+        check_secret(name, value)
     with transaction.atomic():
         if replace:
             CredentialValue.objects.filter(credential=name, active=True).update(active=False)

@@ -6,25 +6,27 @@ Each is a :class:`~pikku_django.webhooks.verify.Verifier`; the secret passed to
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
+from pikku_django.webhooks.signatures import (
+    Headers,
+    MalformedSignatureError,
+    SignatureFormat,
+    SignedMessage,
+    check_delivery_id,
+    check_tolerance,
+    collect_signatures,
+    decode_base64,
+    decode_signature,
+    parse_timestamp,
+)
 from pikku_django.webhooks.verify import (
     HAS_CRYPTOGRAPHY,
     HMAC,
-    MAX_SIGNATURES,
-    Headers,
-    MalformedSignatureError,
     PublicKey,
-    SignatureMismatchError,
-    SignedMessage,
     Verifier,
-    check_delivery_id,
-    check_tolerance,
-    decode_base64,
-    decode_signature,
     hmac_matches,
     load_public_key,
-    parse_timestamp,
     verify_public_key_signature,
 )
 
@@ -44,7 +46,9 @@ DEFAULT_TOLERANCE = 300
 class GitHub(HMAC):
     """GitHub: ``X-Hub-Signature-256: sha256=<hex>`` over the body.
 
-    The delivery id (``X-GitHub-Delivery``) is not covered by the signature.
+    Only lower-case hex after a lower-case ``sha256=`` matches, as GitHub's own
+    check compares the text. The delivery id (``X-GitHub-Delivery``) is not
+    covered by the signature.
     """
 
     def __init__(self) -> None:
@@ -53,6 +57,7 @@ class GitHub(HMAC):
             prefix="sha256=",
             algorithm="sha256",
             encoding="hex",
+            exact_case=True,
             delivery_id_header="X-GitHub-Delivery",
         )
 
@@ -117,45 +122,39 @@ class SendGrid(PublicKey):
 class Stripe(Verifier[bytes]):
     """Stripe: ``Stripe-Signature: t=<ts>,v1=<hex>[,v1=<hex>...]`` over ``{t}.{body}``.
 
-    The ``whsec_...`` secret is the HMAC key as it is (UTF-8), not decoded.
-    Stripe puts the event id in the body, so there is no delivery id here.
+    As Stripe's library does, items of other schemes and malformed items are
+    skipped, any ``v1`` may match, and only lower-case hex matches. The
+    ``whsec_...`` secret is the HMAC key as it is (UTF-8), not decoded. Stripe
+    puts the event id in the body, so there is no delivery id here.
     """
 
     header = "Stripe-Signature"
+    formats: ClassVar[dict[str, SignatureFormat]] = {
+        "v1": SignatureFormat("hex", 32, lower_hex=True)
+    }
 
     def __init__(self, tolerance: int | None = DEFAULT_TOLERANCE) -> None:
         self.tolerance = check_tolerance(tolerance)
 
     def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
-        value = headers.require(self.header)
         raw_timestamp: str | None = None
-        signatures: list[tuple[str, bytes]] = []
-        for item in value.split(","):
+        entries: list[tuple[str, str]] = []
+        for item in headers.require(self.header).split(","):
             name, sep, field = (part.strip() for part in item.partition("="))
-            if not (name or sep or field):
-                continue  # a stray comma
-            if not sep or not name:
-                raise MalformedSignatureError(f"the {self.header} header has a bad item")
-            if name == "t":
-                if raw_timestamp is not None:
-                    raise MalformedSignatureError(f"the {self.header} header has two t=")
+            if name != "t":
+                if name or sep or field:  # not a stray comma
+                    entries.append((name if sep else "", field))
+            elif raw_timestamp is not None:
+                raise MalformedSignatureError(f"the {self.header} header has two t=")
+            else:
                 raw_timestamp = field
-            elif name == "v1":
-                what = f"a v1 signature in the {self.header} header"
-                signature = decode_signature(field, "hex", what)
-                if len(signature) != 32:
-                    raise MalformedSignatureError(f"{what} is not a SHA-256 HMAC")
-                signatures.append(("v1", signature))
-                if len(signatures) > MAX_SIGNATURES:
-                    raise MalformedSignatureError(f"the {self.header} header has too many")
         if raw_timestamp is None:
             raise MalformedSignatureError(f"the {self.header} header has no t=")
         timestamp = parse_timestamp(raw_timestamp, f"t= in the {self.header} header")
-        if not signatures:
-            raise SignatureMismatchError(f"the {self.header} header has no v1 signature")
+        signatures = collect_signatures(entries, self.formats, f"the {self.header} header")
         return SignedMessage(
             message=raw_timestamp.encode("ascii") + b"." + body,
-            signatures=tuple(signatures),
+            signatures=signatures,
             timestamp=timestamp,
         )
 
@@ -169,7 +168,8 @@ class Stripe(Verifier[bytes]):
 class Slack(Verifier[bytes]):
     """Slack: ``X-Slack-Signature: v0=<hex>`` over ``v0:{ts}:{body}``.
 
-    The timestamp is ``X-Slack-Request-Timestamp``; the secret is the app's signing secret.
+    Only lower-case hex matches, as the Slack SDK compares the text. The timestamp
+    is ``X-Slack-Request-Timestamp``; the secret is the app's signing secret.
     """
 
     header = "X-Slack-Signature"
@@ -185,7 +185,7 @@ class Slack(Verifier[bytes]):
         version, sep, hex_signature = value.partition("=")
         if not sep or version != "v0":
             raise MalformedSignatureError(f"{what} is not a v0= signature")
-        signature = decode_signature(hex_signature, "hex", what)
+        signature = decode_signature(hex_signature, "hex", what, lower_hex=True)
         if len(signature) != 32:
             raise MalformedSignatureError(f"{what} is not a SHA-256 HMAC")
         timestamp = parse_timestamp(raw_timestamp, f"the {self.timestamp_header} header")
@@ -208,8 +208,14 @@ class StandardWebhooks(Verifier[tuple[str, Any]]):
     Headers ``webhook-id``/``-timestamp``/``-signature``, or Svix's ``svix-*`` ones.
     A ``whsec_<base64>`` secret (prefix optional) checks ``v1`` HMAC-SHA256
     signatures; a ``whpk_<base64>`` public key checks ``v1a`` Ed25519 ones.
-    The delivery id is ``webhook-id``, which the signature covers.
+    Entries of other versions and malformed entries are skipped, as the library
+    skips them. The delivery id is ``webhook-id``, which the signature covers.
     """
+
+    formats: ClassVar[dict[str, SignatureFormat]] = {
+        "v1": SignatureFormat("base64", 32),
+        "v1a": SignatureFormat("base64", 64),
+    }
 
     def __init__(self, tolerance: int | None = DEFAULT_TOLERANCE) -> None:
         self.tolerance = check_tolerance(tolerance)
@@ -221,26 +227,12 @@ class StandardWebhooks(Verifier[tuple[str, Any]]):
         value = headers.require(f"{prefix}signature")
         raw_id = headers.require(f"{prefix}id")
         raw_timestamp = headers.require(f"{prefix}timestamp")
-        what = f"the {prefix}signature header"
-        entries = value.split()
-        if len(entries) > MAX_SIGNATURES:
-            raise MalformedSignatureError(f"{what} has too many signatures")
-        signatures: list[tuple[str, bytes]] = []
-        for entry in entries:
-            version, sep, encoded = entry.partition(",")
-            if not sep or not version or not encoded:
-                raise MalformedSignatureError(f"{what} has an entry that is not version,signature")
-            size = {"v1": 32, "v1a": 64}.get(version)
-            if size is None:
-                continue  # a scheme this version does not know
-            signature = decode_signature(encoded, "base64", f"a {version} signature in {what}")
-            if len(signature) != size:
-                raise MalformedSignatureError(f"a {version} signature in {what} has a bad length")
-            signatures.append((version, signature))
+        entries = [
+            (v if sep else "", text) for v, sep, text in (e.partition(",") for e in value.split())
+        ]
         delivery_id = check_delivery_id(raw_id, f"the {prefix}id header")
         timestamp = parse_timestamp(raw_timestamp, f"the {prefix}timestamp header")
-        if not signatures:
-            raise SignatureMismatchError(f"{what} has no v1 or v1a signature")
+        signatures = collect_signatures(entries, self.formats, f"the {prefix}signature header")
         message = b"%s.%s.%s" % (
             raw_id.encode("utf-8", "surrogatepass"),
             raw_timestamp.encode(),
@@ -248,7 +240,7 @@ class StandardWebhooks(Verifier[tuple[str, Any]]):
         )
         return SignedMessage(
             message=message,
-            signatures=tuple(signatures),
+            signatures=signatures,
             timestamp=timestamp,
             delivery_id=delivery_id,
         )
@@ -258,13 +250,19 @@ class StandardWebhooks(Verifier[tuple[str, Any]]):
         if secret.startswith("whpk_"):
             if not HAS_CRYPTOGRAPHY:
                 raise ValueError("whpk_ keys need the 'cryptography' package")
-            raw = decode_base64(secret[len("whpk_") :])
+            try:
+                raw = decode_base64(secret[len("whpk_") :])
+            except ValueError:
+                raw = b""
             if len(raw) != 32:
                 raise ValueError("a whpk_ key must be 32 bytes of base64")
             return "v1a", load_public_key(raw.hex(), "ed25519")
         if secret.startswith("whsk_"):
             raise ValueError("this is the signing key; set its public key (whpk_...) instead")
-        key = decode_base64(secret.removeprefix("whsec_"))
+        try:
+            key = decode_base64(secret.removeprefix("whsec_"))
+        except ValueError:
+            raise ValueError("the secret is not whsec_ followed by base64") from None
         if not key:
             raise ValueError("the secret is empty")
         return "v1", key

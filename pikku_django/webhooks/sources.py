@@ -5,7 +5,6 @@ Declare them in an installed app's ``webhooks.py``; pikku_django imports it at s
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -15,6 +14,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 
+from pikku_django.webhooks.bodies import check_json_text, loads
 from pikku_django.webhooks.credentials import credential_name
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
@@ -33,7 +33,8 @@ class WebhookEvent:
 
     An event made by :meth:`ReceiveContext.body_event` holds the body's JSON text and
     parses it only when ``data`` is read (``ValueError`` if it is not JSON); the text
-    is stored as it came, and the database checks that it is JSON.
+    is stored as it came, and the database checks that it is JSON. Such text is
+    bounded as :mod:`~pikku_django.webhooks.bodies` says (``BodyLimitError``).
     """
 
     __slots__ = ("_data", "_json", "id", "name")
@@ -47,7 +48,14 @@ class WebhookEvent:
 
     @classmethod
     def from_json(cls, name: str, text: str, id: str | None = None) -> WebhookEvent:
-        """An event whose data is the JSON ``text``, parsed when first read."""
+        """An event whose data is the JSON ``text``, parsed when first read
+        (:class:`~pikku_django.webhooks.bodies.BodyLimitError` at once when the text
+        is larger or deeper than the bounds)."""
+        check_json_text(text)
+        return cls._unread(name, text, id)
+
+    @classmethod
+    def _unread(cls, name: str, text: str, id: str | None) -> WebhookEvent:
         event = cls(name, id=id, data=_UNREAD)
         event._json = text
         return event
@@ -55,7 +63,7 @@ class WebhookEvent:
     @property
     def data(self) -> Any:
         if self._data is _UNREAD:
-            self._data = json.loads(self._json or "", parse_constant=_no_constant)
+            self._data = loads(self._json or "")
         return self._data
 
     def __eq__(self, other: object) -> bool:
@@ -79,10 +87,6 @@ def event_json(event: WebhookEvent) -> tuple[str, bool] | None:
     return event._json, event._data is not _UNREAD
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 @dataclass(frozen=True)
 class Received:
     """What ``receive`` returns: events, and optionally the answer to send instead."""
@@ -101,15 +105,16 @@ class ReceiveContext:
     delivery_id: str | None = None
 
     def json(self) -> Any:
-        """The body parsed as JSON (ValueError when it is not)."""
-        import json
-
-        return json.loads(self.body.decode("utf-8"))
+        """The body parsed as JSON: ``ValueError`` when it is not JSON, or (a
+        ``BodyLimitError``) when it is larger or deeper than the bounds."""
+        return loads(self.body.decode("utf-8"))
 
     def body_event(self, name: str, id: str | None = None) -> WebhookEvent:
         """One event whose data is the whole JSON body, stored as it came rather than
-        parsed and encoded again (a body that is not JSON is answered 400)."""
-        return WebhookEvent.from_json(name, self.body.decode("utf-8"), id=id)
+        parsed and encoded again (a body that is not JSON, or is out of bounds, is
+        answered 400)."""
+        check_json_text(self.body)
+        return WebhookEvent._unread(name, self.body.decode("utf-8"), id)
 
 
 @dataclass

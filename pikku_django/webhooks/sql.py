@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import DataError, IntegrityError, connections, transaction
+from django.db import DataError, IntegrityError, OperationalError, connections, transaction
 from django.db.models import Model
 from django.utils import timezone
 
@@ -261,7 +261,25 @@ def store_event(
     except IntegrityError as exc:
         logger.debug("Webhook %s:%s %s not stored: %s", new.source, new.event, new.provider_id, exc)
         return False
+    except OperationalError as exc:
+        if _refused_value(exc):
+            raise DataError(
+                f"the data of {new.source}:{new.event} cannot be stored: {exc}"
+            ) from exc
+        raise
     return True
+
+
+#: MySQL and MariaDB errors that refuse a value, not the connection: a failed CHECK
+#: (MariaDB's JSON_VALID, which refuses JSON nested 32 levels deep), and JSON text
+#: MySQL cannot take or nest.
+_MYSQL_VALUE_ERRORS = frozenset({3140, 3157, 3819, 4025})
+
+
+def _refused_value(exc: OperationalError) -> bool:
+    cause = exc.__cause__
+    args = getattr(cause, "args", ())
+    return bool(args) and args[0] in _MYSQL_VALUE_ERRORS and "MySQLdb" in type(cause).__module__
 
 
 def _db_datetime(connection: Any, value: datetime) -> Any:

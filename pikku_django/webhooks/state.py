@@ -9,14 +9,16 @@ the view has it confirmed by the database before its answer stands, through the
 gate of the statement that stores the request's events, or by reading it afresh.
 Only enabled sources are kept, so a 404 is always answered from a fresh read.
 Every other database, and a connection inside a transaction, reads the state on
-every request.
+every request. :class:`RequestState` is that rule for one request: it holds the
+state, and reads it afresh whenever an answer would otherwise stand on a kept state
+nothing has confirmed.
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.db import connections
@@ -127,3 +129,52 @@ def _take_notifications(raw: Any) -> None:
     while (notify := pgconn.notifies()) is not None:
         if pgconn.notify_handler is not None:
             pgconn.notify_handler(notify)
+
+
+class SourceOff(Exception):
+    """The source is switched off, or has no row: its route answers 404."""
+
+
+class RequestState:
+    """A source's switch and secrets as one request holds them.
+
+    It starts from a kept state where there is one (only where the store's gate can
+    confirm it), and :meth:`confirm` reads afresh when an answer is about to stand
+    on a kept state nothing has confirmed yet.
+    """
+
+    def __init__(self, source: str, credential: str | None, using: str, *, gated: bool) -> None:
+        self.source = source
+        self.credential = credential
+        self.using = using
+        self.gated = gated
+        self.state = source_state(source, credential, using, fresh=not gated)
+        if not self.state.enabled:  # never a kept state: only enabled ones are kept
+            raise SourceOff(source)
+
+    @property
+    def secrets(self) -> list[str]:
+        return self.state.secrets
+
+    @property
+    def gate(self) -> Gate | None:
+        """What a stored event is checked against, where the store checks it."""
+        return self.state.gate if self.gated else None
+
+    def reread(self) -> None:
+        """Read the state afresh; :class:`SourceOff` when the source is now off."""
+        self.state = source_state(self.source, self.credential, self.using, fresh=True)
+        if not self.state.enabled:
+            raise SourceOff(self.source)
+
+    def confirm(self) -> bool:
+        """Read afresh if the state is kept and unconfirmed; whether it was read."""
+        if not self.state.cached:
+            return False
+        self.reread()
+        return True
+
+    def confirmed(self) -> None:
+        """A gated store found the state current: no fresh read is needed."""
+        if self.state.cached:
+            self.state = replace(self.state, cached=False)

@@ -11,24 +11,41 @@ No secret means refusal, never acceptance.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import hashlib
 import hmac
 import logging
-import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from django.utils.datastructures import CaseInsensitiveMapping
+from pikku_django.webhooks.signatures import (
+    HEX,
+    MAX_DELIVERY_ID_LENGTH,
+    MAX_HEADER_LENGTH,
+    MAX_SIGNATURES,
+    Headers,
+    MalformedSignatureError,
+    SignatureMismatchError,
+    SignedMessage,
+    StaleRequestError,
+    WebhookRequest,
+    WebhookVerificationError,
+    check_delivery_id,
+    check_tolerance,
+    check_window,
+    decode_base64,
+    decode_hex,
+    decode_signature,
+    parse_timestamp,
+    strip_prefix,
+)
 
 try:
     from cryptography import x509
-    from cryptography.exceptions import InvalidSignature
+    from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
     from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
@@ -57,16 +74,6 @@ __all__ = [
 
 logger = logging.getLogger("pikku_django.webhooks")
 
-#: A signature, timestamp or delivery-id header longer than this is malformed.
-MAX_HEADER_LENGTH = 4096
-#: At most this many signatures in one header (bounds the work per request).
-MAX_SIGNATURES = 16
-#: A delivery id longer than this is malformed.
-MAX_DELIVERY_ID_LENGTH = 255
-#: A timestamp header: unix seconds, ASCII digits only.
-_TIMESTAMP = re.compile(r"[0-9]{1,12}")
-_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
-_BASE64 = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
 
 HmacAlgorithm = Literal["sha1", "sha256", "sha512"]
 SignatureEncoding = Literal["hex", "base64"]
@@ -98,28 +105,6 @@ _ECDSA = {
 }
 
 
-class WebhookVerificationError(Exception):
-    """A webhook request failed verification; answer it with ``status_code``."""
-
-    status_code = 401
-
-
-class MalformedSignatureError(WebhookVerificationError):
-    """A signature or timestamp header is present but cannot be parsed (answer 400)."""
-
-    status_code = 400
-
-
-class SignatureMismatchError(WebhookVerificationError):
-    """No secret is set, a required header is absent, or no secret matches (answer 401)."""
-
-    status_code = 401
-
-
-class StaleRequestError(SignatureMismatchError):
-    """The signature matches but its timestamp is outside the replay window (answer 401)."""
-
-
 @dataclass(frozen=True, slots=True)
 class VerifiedRequest:
     """What a successful verification learnt about the request."""
@@ -132,163 +117,10 @@ class VerifiedRequest:
     secret_index: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class WebhookRequest:
-    """The request a :class:`Function` check receives: headers and raw body."""
-
-    headers: Mapping[str, str]
-    body: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class SignedMessage:
-    """A request's signature material, parsed from its headers."""
-
-    #: The exact bytes the provider signed.
-    message: bytes
-    #: ``(scheme, raw signature)`` pairs; any one of them may match.
-    signatures: tuple[tuple[str, bytes], ...]
-    timestamp: int | None = None
-    delivery_id: str | None = None
-    #: The request itself, for checks that need more than the signed bytes.
-    request: WebhookRequest | None = None
-
-
-class _CaseInsensitiveHeaders(Mapping[str, str]):
-    """A read-only header mapping looked up without regard to case."""
-
-    def __init__(self, headers: Mapping[Any, Any]) -> None:
-        self._items: dict[str, tuple[str, Any]] = {}
-        for name, value in headers.items():
-            if isinstance(name, str):
-                self._items.setdefault(name.lower(), (name, value))
-
-    def __getitem__(self, name: str) -> Any:
-        if not isinstance(name, str):
-            raise KeyError(name)
-        return self._items[name.lower()][1]
-
-    def __iter__(self) -> Iterator[str]:
-        return (name for name, _ in self._items.values())
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-class Headers:
-    """The request headers as a verifier reads them: trimmed, bounded text."""
-
-    def __init__(self, headers: Mapping[Any, Any]) -> None:
-        # Django's request.headers is already looked up without regard to case.
-        self.mapping = (
-            headers
-            if isinstance(headers, CaseInsensitiveMapping)
-            else _CaseInsensitiveHeaders(headers)
-        )
-
-    def get(self, name: str) -> str | None:
-        """The trimmed value of ``name``, or ``None`` when absent or empty."""
-        value = self.mapping.get(name)
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise MalformedSignatureError(f"the {name} header is not text")
-        if len(value) > MAX_HEADER_LENGTH:
-            raise MalformedSignatureError(f"the {name} header is too long")
-        return value.strip() or None
-
-    def require(self, name: str) -> str:
-        """The trimmed value of ``name``; its absence refuses the request."""
-        value = self.get(name)
-        if value is None:
-            raise SignatureMismatchError(f"the {name} header is missing")
-        return value
-
-
-def decode_signature(value: str, encoding: str, what: str) -> bytes:
-    """Decode a hex or base64 signature, or raise :class:`MalformedSignatureError`."""
-    try:
-        return decode_hex(value) if encoding == "hex" else decode_base64(value)
-    except ValueError:
-        raise MalformedSignatureError(f"{what} is not valid {encoding}") from None
-
-
-def decode_hex(value: str) -> bytes:
-    """Strict hex (either case, no separators); ``ValueError`` otherwise."""
-    try:
-        data = bytes.fromhex(value)
-    except ValueError:
-        raise ValueError("not hex") from None
-    # fromhex skips whitespace between bytes: strict hex is two digits per byte, nothing else.
-    if not data or len(data) * 2 != len(value):
-        raise ValueError("not hex")
-    return data
-
-
-def decode_base64(value: str) -> bytes:
-    """Base64, standard or URL-safe alphabet, padding optional; ``ValueError`` otherwise."""
-    if not _BASE64.fullmatch(value):
-        raise ValueError("not base64")
-    data = value.rstrip("=").replace("-", "+").replace("_", "/")
-    if len(data) % 4 == 1:
-        raise ValueError("not base64")
-    try:
-        return base64.b64decode(data + "=" * (-len(data) % 4), validate=True)
-    except binascii.Error:
-        raise ValueError("not base64") from None
-
-
-def parse_timestamp(value: str, what: str) -> int:
-    """Unix seconds from ASCII digits, or raise :class:`MalformedSignatureError`."""
-    if not _TIMESTAMP.fullmatch(value):
-        raise MalformedSignatureError(f"{what} is not a unix timestamp")
-    return int(value)
-
-
-def check_delivery_id(value: str, what: str) -> str:
-    """A delivery id fit to store and log, or raise :class:`MalformedSignatureError`."""
-    if len(value) > MAX_DELIVERY_ID_LENGTH or not value.isprintable():
-        raise MalformedSignatureError(f"{what} is not a usable delivery id")
-    return value
-
-
-def check_window(timestamp: int, now: float, tolerance: int | None) -> None:
-    """Raise :class:`StaleRequestError` unless ``timestamp`` is within ``tolerance`` of now."""
-    if tolerance is None:
-        return
-    age = now - timestamp
-    if age > tolerance:
-        raise StaleRequestError(f"the request is {int(age)} s old (window {tolerance} s)")
-    if -age > tolerance:
-        raise StaleRequestError(
-            f"the request is {int(-age)} s in the future (window {tolerance} s)"
-        )
-
-
-def check_tolerance(tolerance: int | None) -> int | None:
-    """``tolerance`` if it is None or a positive number of seconds; ``ValueError`` otherwise."""
-    if tolerance is not None and (
-        isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or tolerance <= 0
-    ):
-        raise ValueError("tolerance must be a positive number of seconds, or None")
-    return tolerance
-
-
 def _choice(name: str, value: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
     return value
-
-
-def _strip_prefix(value: str, prefix: str, header: str) -> str:
-    if not prefix:
-        return value
-    if value[: len(prefix)].lower() != prefix.lower():
-        raise MalformedSignatureError(f"the {header} header does not start with {prefix!r}")
-    rest = value[len(prefix) :].strip()
-    if not rest:
-        raise MalformedSignatureError(f"the {header} header has nothing after {prefix!r}")
-    return rest
 
 
 def _as_body(body: bytes) -> bytes:
@@ -408,17 +240,25 @@ class Verifier(ABC, Generic[K]):
 def _decode_secret(secret: str, encoding: str) -> bytes:
     if encoding == "utf8":
         key = secret.encode("utf-8")
-    elif encoding == "hex":
-        key = decode_hex(secret.strip())
     else:
-        key = decode_base64(secret.strip())
+        try:
+            decode = decode_hex if encoding == "hex" else decode_base64
+            key = decode(secret.strip())
+        except ValueError:
+            raise ValueError(
+                f"the secret is not {encoding} (secret_encoding={encoding!r})"
+            ) from None
     if not key:
         raise ValueError("the secret is empty")
     return key
 
 
 class HMAC(Verifier[bytes]):
-    """An HMAC of the raw body in one header, e.g. ``sha256=<hex>``."""
+    """An HMAC of the raw body in one header, e.g. ``sha256=<hex>``.
+
+    ``exact_case`` matches only the prefix as given and lower-case hex, for
+    providers whose own libraries compare the header's text.
+    """
 
     def __init__(
         self,
@@ -428,6 +268,7 @@ class HMAC(Verifier[bytes]):
         algorithm: HmacAlgorithm = "sha256",
         encoding: SignatureEncoding = "hex",
         secret_encoding: SecretEncoding = "utf8",  # noqa: S107 - an encoding, not a secret
+        exact_case: bool = False,
         delivery_id_header: str | None = None,
     ) -> None:
         self.header = header
@@ -435,12 +276,16 @@ class HMAC(Verifier[bytes]):
         self.algorithm = _choice("algorithm", algorithm, HMAC_ALGORITHMS)
         self.encoding = _choice("encoding", encoding, SIGNATURE_ENCODINGS)
         self.secret_encoding = _choice("secret_encoding", secret_encoding, SECRET_ENCODINGS)
+        self.exact_case = exact_case
         self.delivery_id_header = delivery_id_header
         self._digest_size = hashlib.new(algorithm).digest_size
 
     def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
-        value = _strip_prefix(headers.require(self.header), self.prefix, self.header)
-        signature = decode_signature(value, self.encoding, f"the {self.header} header")
+        what = f"the {self.header} header"
+        value = strip_prefix(
+            headers.require(self.header), self.prefix, self.header, exact_case=self.exact_case
+        )
+        signature = decode_signature(value, self.encoding, what, lower_hex=self.exact_case)
         if len(signature) != self._digest_size:
             raise MalformedSignatureError(
                 f"the {self.header} header is not a {self.algorithm} signature"
@@ -477,7 +322,7 @@ class Token(Verifier[bytes]):
         self.delivery_id_header = delivery_id_header
 
     def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
-        token = _strip_prefix(headers.require(self.header), self.prefix, self.header)
+        token = strip_prefix(headers.require(self.header), self.prefix, self.header)
         return SignedMessage(message=b"", signatures=(("", _text_bytes(token)),))
 
     def _load_key(self, secret: str) -> bytes:
@@ -503,17 +348,13 @@ def load_public_key(secret: str, algorithm: str) -> Any:
     Raises ``ValueError`` when it is not a public key of ``algorithm``'s type.
     """
     _require_cryptography("public-key verification")
-    text = secret.strip()
-    if text.startswith("-----BEGIN CERTIFICATE"):
-        key = x509.load_pem_x509_certificate(text.encode("ascii")).public_key()
-    elif text.startswith("-----BEGIN"):
-        key = serialization.load_pem_public_key(text.encode("ascii"))
-    else:
-        raw = decode_hex(text) if _HEX.fullmatch(text) else decode_base64(text)
-        if algorithm == "ed25519" and len(raw) == 32:
-            key = ed25519.Ed25519PublicKey.from_public_bytes(raw)
-        else:
-            key = serialization.load_der_public_key(raw)
+    try:
+        key = _parse_public_key(secret.strip(), algorithm)
+    except (ValueError, UnsupportedAlgorithm):
+        raw_ok = ", or its 32 raw bytes in hex or base64" if algorithm == "ed25519" else ""
+        raise ValueError(
+            "not a public key: give it as PEM, a PEM certificate, or DER in hex or base64" + raw_ok
+        ) from None
     if algorithm == "ed25519":
         if not isinstance(key, ed25519.Ed25519PublicKey):
             raise ValueError("not an Ed25519 public key")
@@ -525,6 +366,17 @@ def load_public_key(secret: str, algorithm: str) -> Any:
         if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != curve:
             raise ValueError(f"not an ECDSA {curve} public key")
     return key
+
+
+def _parse_public_key(text: str, algorithm: str) -> Any:
+    if text.startswith("-----BEGIN CERTIFICATE"):
+        return x509.load_pem_x509_certificate(text.encode("ascii")).public_key()
+    if text.startswith("-----BEGIN"):
+        return serialization.load_pem_public_key(text.encode("ascii"))
+    raw = decode_hex(text) if HEX.fullmatch(text) else decode_base64(text)
+    if algorithm == "ed25519" and len(raw) == 32:
+        return ed25519.Ed25519PublicKey.from_public_bytes(raw)
+    return serialization.load_der_public_key(raw)
 
 
 def _hash(name: str) -> Any:

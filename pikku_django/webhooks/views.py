@@ -1,9 +1,13 @@
-"""The view every webhook source's route goes to: verify first, then receive.
+"""The view every webhook source's route goes to, in one line: route, source, switch
+and secrets, verify, receive, store, answer.
 
-A source's switch and secrets may come from what the database connection kept from
-an earlier request (:mod:`pikku_django.webhooks.state`). Such a state is confirmed
-before the answer stands: each stored event's statement checks it (its gate), and
-every other answer reads it afresh first.
+Each stage either hands the next one what it needs or answers the request itself
+(:class:`Answered`), most often with a refusal. A source's switch and secrets may
+come from what the database connection kept from an earlier request
+(:class:`~pikku_django.webhooks.state.RequestState`); an answer stands only once that
+state is confirmed, by the gate of the statement that stores an event, or else by
+reading it afresh (404 when the source is now off). While the database cannot be
+reached the answer is 503: nothing was stored, so the sender delivers again.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import router, transaction
+from django.db import InterfaceError, OperationalError, connections, router, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from pikku_django.conf import pikku_settings
 from pikku_django.models import TriggerSource
+from pikku_django.webhooks.bodies import BodyLimitError
 from pikku_django.webhooks.dispatch import new_events, store_new_event
 from pikku_django.webhooks.sources import (
     ReceiveContext,
@@ -28,8 +33,8 @@ from pikku_django.webhooks.sources import (
     WebhookSource,
     source_for_route,
 )
-from pikku_django.webhooks.sql import SourceChanged
-from pikku_django.webhooks.state import SourceState, source_state
+from pikku_django.webhooks.sql import NewEvent, SourceChanged
+from pikku_django.webhooks.state import RequestState, SourceOff
 from pikku_django.webhooks.verify import (
     MalformedSignatureError,
     VerifiedRequest,
@@ -40,6 +45,18 @@ logger = logging.getLogger(__name__)
 
 #: How many times one request re-reads a source that changed while its events were stored.
 MAX_RECHECKS = 3
+METHODS = ("POST", "PUT", "GET", "HEAD")
+#: What receive may raise for a body it cannot read (answered 400).
+UNREADABLE = (ValueError, KeyError, UnicodeDecodeError, json.JSONDecodeError, RecursionError)
+
+
+class Answered(Exception):
+    """A stage answers the request itself with ``response``: a refusal, or the empty
+    200 of a HEAD."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        super().__init__(response.status_code)
+        self.response = response
 
 
 def _error(status: int, message: str) -> JsonResponse:
@@ -51,16 +68,120 @@ def _received(count: int) -> HttpResponse:
     return HttpResponse(b'{"received": %d}' % count, content_type="application/json")
 
 
-def _read_body(request: HttpRequest, limit: int) -> bytes | None:
-    """The raw body, read once; None when it is larger than ``limit``."""
+def _unreadable(reason: BaseException | None = None) -> Answered:
+    if isinstance(reason, BodyLimitError):
+        return Answered(_error(400, f"the body could not be read: {reason}"))
+    return Answered(_error(400, "the body could not be read"))
+
+
+@csrf_exempt
+def webhook(request: HttpRequest, route: str) -> HttpResponse:
+    """Answer one webhook request for the source declared at ``route``."""
+    source = source_for_route(route)
+    if source is None:
+        return _error(404, "no such webhook source")
+    using = router.db_for_write(TriggerSource)  # never a replica: the switch must be current
+    try:
+        state = RequestState(
+            source.name,
+            source.credential,
+            using,
+            gated=using == pikku_settings.WORKFLOW_DATABASE,  # the gate runs where events go
+        )
+        try:
+            answer = _answer(request, source, state)
+        except Answered as early:
+            answer = early.response
+        state.confirm()
+    except SourceOff:
+        return _error(404, "no such webhook source")
+    except (OperationalError, InterfaceError) as exc:
+        return _unavailable(source, using, exc)
+    return answer
+
+
+def _answer(request: HttpRequest, source: WebhookSource, state: RequestState) -> HttpResponse:
+    """Verify, receive and store one request to an enabled source."""
+    body = _read_body(request)
+    verified = _verify(source, request, body, state)
+    ctx = ReceiveContext(
+        source=source,
+        body=body,
+        verified=verified is not None,
+        delivery_id=verified.delivery_id if verified else None,
+    )
+    received = _receive(source, request, ctx)
+    accepted = _store(source, request, ctx, received.events, state)
+    return received.response if received.response is not None else _received(accepted)
+
+
+def _read_body(request: HttpRequest) -> bytes:
+    """The raw body, read once; refused for a method no source answers, or when it is
+    larger than ``PIKKU["WEBHOOK_MAX_BODY"]``."""
+    if request.method not in METHODS:
+        raise Answered(_error(405, "method not allowed"))
+    if request.method == "HEAD":
+        raise Answered(HttpResponse(status=200))
+    limit = int(pikku_settings.WEBHOOK_MAX_BODY)
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         declared = 0
-    if declared > limit:
+    body = b"" if declared > limit else request.read(limit + 1)
+    if declared > limit or len(body) > limit:
+        raise Answered(_error(413, "request body too large"))
+    return body
+
+
+def _verify(
+    source: WebhookSource, request: HttpRequest, body: bytes, state: RequestState
+) -> VerifiedRequest | None:
+    """What verifying a signed body learnt (None for a body that needs none).
+
+    A refusal on a kept state is checked again on a fresh one, as a secret may have
+    been added since; a request without a body is answered on a fresh state.
+    """
+    if not body:  # receive answers a handshake itself: the switch must be known
+        state.confirm()
         return None
-    body = request.read(limit + 1)
-    return None if len(body) > limit else body
+    if source.verify is None:  # a source that declares no verify accepts any body
+        return VerifiedRequest()
+    try:
+        return _check_signature(source, request, body, state)
+    except Answered:
+        if not state.confirm():
+            raise
+    return _check_signature(source, request, body, state)
+
+
+def _check_signature(
+    source: WebhookSource, request: HttpRequest, body: bytes, state: RequestState
+) -> VerifiedRequest:
+    if not state.secrets:
+        logger.warning(
+            "Webhook %s refused: credential %r has no value", source.name, source.credential
+        )
+        raise Answered(_error(401, "webhook secret is not set"))
+    try:
+        return source.verify.verify(request.headers, body, state.secrets, now=time.time())
+    except MalformedSignatureError as exc:
+        raise Answered(_error(400, f"malformed signature: {exc}")) from None
+    except WebhookVerificationError as exc:
+        logger.info("Webhook %s refused: %s", source.name, exc)
+        raise Answered(_error(401, "signature does not match")) from None
+
+
+def _receive(source: WebhookSource, request: HttpRequest, ctx: ReceiveContext) -> Received:
+    """What the source's ``receive`` made of the request."""
+    try:
+        value = source.receive(request, ctx)
+    except UNREADABLE as exc:
+        logger.info("Webhook %s: receive refused the body: %s", source.name, exc)
+        raise _unreadable(exc) from None
+    received = _as_received(value)
+    if received.events and not ctx.verified:
+        raise Answered(_error(401, "events need a signed body"))
+    return received
 
 
 def _as_received(value: Any) -> Received:
@@ -80,11 +201,11 @@ def _as_received(value: Any) -> Received:
     )
 
 
-def _valid_events(source: WebhookSource, events: Any) -> tuple[list[WebhookEvent], bool]:
-    """Events the source declares whose data passes the event's schema, and whether
-    one had data that is not JSON."""
+def _valid_events(source: WebhookSource, events: Any) -> tuple[list[WebhookEvent], Any]:
+    """Events the source declares whose data passes the event's schema, and why one
+    had data that could not be read (None when all could)."""
     kept = []
-    unreadable = False
+    unreadable = None
     for event in events:
         if event.name not in source.events:
             logger.info("Webhook %s: dropping undeclared event %r", source.name, event.name[:100])
@@ -93,13 +214,13 @@ def _valid_events(source: WebhookSource, events: Any) -> tuple[list[WebhookEvent
         if schema is not None:
             try:
                 data = event.data  # the body's text is parsed here, if a schema needs it
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 logger.info("Webhook %s:%s: its data is not JSON: %s", source.name, event.name, exc)
-                unreadable = True
+                unreadable = unreadable or exc
                 continue
             try:
                 ok = schema(data)
-            except (ValueError, TypeError, KeyError) as exc:
+            except (ValueError, TypeError, KeyError, RecursionError) as exc:
                 ok = False
                 logger.info("Webhook %s:%s failed its schema: %s", source.name, event.name, exc)
             if not ok:
@@ -108,122 +229,68 @@ def _valid_events(source: WebhookSource, events: Any) -> tuple[list[WebhookEvent
     return kept, unreadable
 
 
-def _verify(
-    source: WebhookSource, request: HttpRequest, body: bytes, state: SourceState
-) -> VerifiedRequest | HttpResponse:
-    """The verifier's result for a signed body, or the answer refusing it."""
-    assert source.verify is not None
-    if not state.secrets:
-        logger.warning(
-            "Webhook %s refused: credential %r has no value", source.name, source.credential
-        )
-        return _error(401, "webhook secret is not set")
-    try:
-        return source.verify.verify(request.headers, body, state.secrets, now=time.time())
-    except MalformedSignatureError as exc:
-        return _error(400, f"malformed signature: {exc}")
-    except WebhookVerificationError as exc:
-        logger.info("Webhook %s refused: %s", source.name, exc)
-        return _error(401, "signature does not match")
+def _store(
+    source: WebhookSource,
+    request: HttpRequest,
+    ctx: ReceiveContext,
+    events: Any,
+    state: RequestState,
+) -> int:
+    """Store each valid event with its receipt; how many were new.
 
-
-def _not_found() -> JsonResponse:
-    return _error(404, "no such webhook source")
-
-
-@csrf_exempt
-def webhook(request: HttpRequest, route: str) -> HttpResponse:
-    """Answer one webhook request for the source declared at ``route``."""
-    source = source_for_route(route)
-    if source is None:
-        return _not_found()
-    using = router.db_for_write(TriggerSource)  # never a replica: the switch must be current
-    # A kept state needs the gate, which runs where the events are stored.
-    gated = using == pikku_settings.WORKFLOW_DATABASE
-    state = source_state(source.name, source.credential, using, fresh=not gated)
-
-    def fresh() -> SourceState:
-        return source_state(source.name, source.credential, using, fresh=True)
-
-    def if_still_on(answer: HttpResponse) -> HttpResponse:
-        """``answer``, once a kept state is read afresh (404 if the source is now off)."""
-        return answer if not state.cached or fresh().enabled else _not_found()
-
-    if not state.enabled:  # never a kept state: only enabled ones are kept
-        return _not_found()
-    if request.method not in ("POST", "PUT", "GET", "HEAD"):
-        return if_still_on(_error(405, "method not allowed"))
-    if request.method == "HEAD":
-        return if_still_on(HttpResponse(status=200))
-    body = _read_body(request, int(pikku_settings.WEBHOOK_MAX_BODY))
-    if body is None:
-        return if_still_on(_error(413, "request body too large"))
-
-    delivery_id = None
-    verified = False
-    if body:
-        if source.verify is not None:
-            outcome = _verify(source, request, body, state)
-            if isinstance(outcome, HttpResponse) and state.cached:
-                state = fresh()  # a secret may have been added since it was kept
-                if not state.enabled:
-                    return _not_found()
-                outcome = _verify(source, request, body, state)
-            if isinstance(outcome, HttpResponse):
-                return outcome
-            delivery_id = outcome.delivery_id
-        verified = True  # a source that declares no verify accepts any body
-    elif state.cached:  # receive answers a handshake itself: the switch must be known
-        state = fresh()
-        if not state.enabled:
-            return _not_found()
-
-    ctx = ReceiveContext(source=source, body=body, verified=verified, delivery_id=delivery_id)
-    try:
-        received = _as_received(source.receive(request, ctx))
-    except (ValueError, KeyError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        logger.info("Webhook %s: receive refused the body: %s", source.name, exc)
-        return if_still_on(_error(400, "the body could not be read"))
-    if received.events and not verified:
-        return _error(401, "events need a signed body")  # bodyless: the state is fresh
-
-    valid, unreadable = _valid_events(source, received.events)
-    rows = new_events(source, valid, delivery_id=delivery_id, body=body) if valid else []
-    confirmed = not state.cached
+    Each store is gated on a kept state; should the source change meanwhile, it is
+    read again (404 when now off) and the request verified again before storing on.
+    """
+    valid, unreadable = _valid_events(source, events)
+    rows: list[NewEvent] = (
+        new_events(source, valid, delivery_id=ctx.delivery_id, body=ctx.body) if valid else []
+    )
     accepted = 0
-    rechecks = 0
+    changes = 0
     index = 0
     while index < len(rows):
         try:
-            stored = store_new_event(rows[index], gate=state.gate if gated else None)
+            outcome = store_new_event(rows[index], gate=state.gate)
         except SourceChanged:
-            rechecks += 1
-            state = fresh()
-            if not state.enabled:
-                logger.info("Webhook %s was disabled while its events were stored", source.name)
-                return _not_found()
-            if rechecks > MAX_RECHECKS:
-                return _error(503, "the source kept changing; send the request again")
-            if source.verify is not None:  # its secrets changed: verify again
-                again = _verify(source, request, body, state)
-                if isinstance(again, HttpResponse):
-                    return again
+            changes += 1
+            _source_changed(source, request, ctx, state, changes)
             continue
-        accepted += stored == "stored"
-        if stored == "refused":  # a refused statement checked nothing
-            unreadable = unreadable or not rows[index].data_checked
+        if outcome == "refused":  # a refused statement checked nothing
+            unreadable = unreadable or (not rows[index].data_checked)
         else:
-            confirmed = True
+            state.confirmed()
+        accepted += outcome == "stored"
         index += 1
-    if not confirmed:  # nothing was stored, so no gate confirmed the kept state
-        state = fresh()
-        if not state.enabled:
-            return _not_found()
     if unreadable:
-        return _error(400, "the body could not be read")
-    if received.response is not None:
-        return received.response
-    return _received(accepted)
+        raise _unreadable(unreadable if isinstance(unreadable, BaseException) else None)
+    return accepted
+
+
+def _source_changed(
+    source: WebhookSource,
+    request: HttpRequest,
+    ctx: ReceiveContext,
+    state: RequestState,
+    changes: int,
+) -> None:
+    """Read a source that changed during a store afresh, and verify the request again."""
+    try:
+        state.reread()
+    except SourceOff:
+        logger.info("Webhook %s was disabled while its events were stored", source.name)
+        raise
+    if changes > MAX_RECHECKS:
+        raise Answered(_error(503, "the source kept changing; send the request again"))
+    if source.verify is not None:  # its secrets changed: verify again
+        _check_signature(source, request, ctx.body, state)
+
+
+def _unavailable(source: WebhookSource, using: str, exc: Exception) -> HttpResponse:
+    """503 while the database cannot be reached: nothing stored, the sender retries."""
+    logger.warning("Webhook %s: the database is unreachable (503): %s", source.name, exc)
+    for alias in {using, pikku_settings.WORKFLOW_DATABASE}:
+        connections[alias].close_if_unusable_or_obsolete()  # the next request reconnects
+    return _error(503, "the database is unreachable; send the request again later")
 
 
 # The view commits each event itself, so it never runs inside ATOMIC_REQUESTS: a kept

@@ -16,6 +16,7 @@ from pikku_django.management.commands.pikku_sources import format_table, yes_no
 from pikku_django.models import CredentialValue
 from pikku_django.schema import require_migrated
 from pikku_django.webhooks.credentials import rotate_encryption, set_credential
+from pikku_django.webhooks.secret_checks import InvalidSecretError
 from pikku_django.webhooks.sources import sources
 
 
@@ -53,7 +54,9 @@ class Command(BaseCommand):
             "stdin when it is piped in (e.g. `... set githubWebhookSecret < secret.txt`), "
             "else prompted for without echo. A credential may have several active values, "
             "so a secret can be rotated without dropping deliveries: add the new value, "
-            "then retire the old one (or pass --replace).",
+            "then retire the old one (or pass --replace). The value is refused, and "
+            "nothing stored, when a declared source that uses NAME cannot verify with it "
+            "(e.g. a Discord key that is not an Ed25519 public key).",
         )
         set_.add_argument("name", metavar="NAME", help="The credential, e.g. githubWebhookSecret.")
         set_.add_argument(
@@ -104,6 +107,8 @@ class Command(BaseCommand):
         active = CredentialValue.objects.filter(credential=name, active=True).count()
         try:
             stored = set_credential(name, value, replace=replace)
+        except InvalidSecretError as exc:
+            raise CommandError(f"{exc}. Nothing was stored.") from exc
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from exc
         hint = f" (…{stored.hint})" if stored.hint else ""
