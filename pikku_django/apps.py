@@ -14,6 +14,8 @@ class PikkuConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from pikku_django import checks, conf  # noqa: F401  (registers checks and signals)
+        from pikku_django.tasks import checks as task_checks  # noqa: F401
+        from pikku_django.tasks import runner  # noqa: F401  (registers the task workflows)
         from pikku_django.webhooks import dispatch  # noqa: F401  (registers its workflow)
         from pikku_django.webhooks.lifecycle import sync_after_migrate
         from pikku_django.webhooks.sources import autodiscover as discover_sources
