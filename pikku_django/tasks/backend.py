@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class _EngineAccepts:
         return engine_accepts(self.name)
 
 
+@functools.cache
 def engine_accepts(keyword: str) -> bool:
     """Whether ``start_workflow`` (pikku_django's engine) takes ``keyword``."""
     from pikku_django.workflows import api
