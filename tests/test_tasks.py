@@ -472,9 +472,32 @@ def test_a_transactional_task_writes_once_with_its_result(vendor: str, alias: st
     from tests.testapp.models import Effect
 
     tag = uuid.uuid4().hex
-    result = defs.record.enqueue(alias, tag)
-    work()
+    with Signals() as signals:
+        result = defs.record.enqueue(alias, tag)
+        work()
     result.refresh()
     assert result.attempts == 2
     assert result.return_value == 1  # the failed attempt's write rolled back
+    # task_finished follows the commit of the transaction that recorded the result.
+    assert signals.names()[-1] == ("task_finished", "SUCCESSFUL")
     assert Effect.objects.using(alias).filter(run_id=tag).count() == 1
+
+
+# -- the admin -----------------------------------------------------------------------------
+
+
+@on_databases("sqlite")
+def test_the_admin_lists_task_runs_under_their_task(
+    vendor: str, alias: str, admin_client: Any
+) -> None:
+    from django.urls import reverse
+
+    result = defs.send_email.enqueue("ada@example.com")
+    page = admin_client.get(reverse("admin:pikku_django_workflowrun_changelist"))
+    assert page.status_code == 200
+    assert "task:tests.test_tasks_defs.send_email" in page.content.decode()
+    filtered = admin_client.get(
+        reverse("admin:pikku_django_workflowrun_changelist"),
+        {"workflow": "task:tests.test_tasks_defs.send_email"},
+    )
+    assert result.id in filtered.content.decode()
