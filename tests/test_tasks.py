@@ -313,6 +313,15 @@ def step_of_after_a_pass(alias: str, result: Any) -> WorkflowStep:
     return step_of(alias, result)
 
 
+@on_databases(*ALL)
+def test_arguments_that_are_not_json_are_refused_and_nothing_is_stored(
+    vendor: str, alias: str
+) -> None:
+    with pytest.raises(TypeError, match=r"arguments of task .*add must be JSON"):
+        defs.add.enqueue(object())
+    assert not WorkflowRun.objects.using(alias).exists()
+
+
 # -- failures and retries ------------------------------------------------------------------
 
 

@@ -109,10 +109,17 @@ class PikkuBackend(compat.BaseTaskBackend):  # type: ignore[misc,name-defined]
         self.validate_task(task)
         own = task.policy() if isinstance(task, PikkuTask) else RetryPolicy()
         policy = own.over(self.policy).as_step_options()
+        try:
+            args, kwargs = compat.normalize_json(list(args)), compat.normalize_json(dict(kwargs))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"The arguments of task {task.module_path} must be JSON (str, int, float, "
+                f"bool, None, lists and dicts of them): {exc}"
+            ) from exc
         payload = {
             "task": task.module_path,
-            "args": compat.normalize_json(list(args)),
-            "kwargs": compat.normalize_json(dict(kwargs)),
+            "args": args,
+            "kwargs": kwargs,
             "backend": self.alias,
             "queue": task.queue_name,
             "priority": task.priority,

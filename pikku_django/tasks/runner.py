@@ -8,7 +8,6 @@ framework's ``task_started`` and ``task_finished`` signals are sent around the c
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.db import transaction
@@ -22,8 +21,6 @@ from pikku_django.workflows.registry import (
     register_workflow_prefix,
     step,
 )
-
-logger = logging.getLogger(__name__)
 
 
 class TaskExitedError(WorkflowError):
