@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.core.exceptions import ValidationError
 from django.utils.module_loading import import_string
 
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
@@ -41,21 +40,23 @@ class TaskRunState:
         engine = get_engine()
         try:
             run_id = uuid.UUID(str(result_id))
-            run = engine.runs().filter(id=run_id).first()
-        except (ValueError, ValidationError, TypeError):
-            run = None
-        if run is None or not is_task_workflow(run.workflow):
-            raise TaskResultDoesNotExist(result_id)
+        except (ValueError, TypeError):
+            raise TaskResultDoesNotExist(result_id) from None
+        # One query once the task has been attempted: its attempts, with step and run.
         attempts = list(
             engine.attempts()
-            .filter(step__run_id=run.id, step__name=STEP_NAME)
-            .select_related("step")
+            .filter(step__run_id=run_id, step__name=STEP_NAME)
+            .select_related("step", "step__run")
             .order_by("attempt")
         )
         if attempts:
-            step = attempts[0].step
+            step: WorkflowStep | None = attempts[0].step
+            run: WorkflowRun | None = attempts[0].step.run
         else:
-            step = engine.steps().filter(run_id=run.id, name=STEP_NAME).first()
+            run = engine.runs().filter(id=run_id).first()
+            step = engine.steps().filter(run_id=run_id, name=STEP_NAME).first() if run else None
+        if run is None or not is_task_workflow(run.workflow):
+            raise TaskResultDoesNotExist(result_id)
         return cls(run, step, attempts)
 
     @property
@@ -68,11 +69,14 @@ class TaskRunState:
         found = import_string(path)
         if not isinstance(found, Task) or found.module_path != path:
             raise TaskPathError(f"Task run {self.run.id} does not point to a task ({path!r})")
-        return found.using(
-            priority=self.input.get("priority"),
-            queue_name=self.input.get("queue"),
-            backend=self.input.get("backend"),
-        )
+        enqueued = {
+            "priority": self.input.get("priority", found.priority),
+            "queue_name": self.input.get("queue", found.queue_name),
+            "backend": self.input.get("backend", found.backend),
+        }
+        if all(getattr(found, name) == value for name, value in enqueued.items()):
+            return found
+        return found.using(**enqueued)
 
     def status(self) -> str:
         if self.run.status == RunStatus.COMPLETED:
