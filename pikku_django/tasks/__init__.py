@@ -6,7 +6,11 @@ backport on Django 5.2): every enqueue is a workflow run that ``pikku_worker`` r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pikku_django.tasks.backend import PikkuBackend, PikkuTask
+    from pikku_django.tasks.runner import TaskExitedError
 
 __all__ = ["PikkuBackend", "PikkuTask", "TaskExitedError"]
 

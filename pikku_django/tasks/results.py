@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
@@ -97,7 +98,7 @@ class TaskRunState:
         return errors
 
     def finished_at(self) -> datetime | None:
-        if self.run.status not in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
+        if not self.run.is_terminal:
             return None
         last = self.attempts[-1].finished_at if self.attempts else None
         return last or self.run.updated_at
@@ -134,8 +135,6 @@ def task_error(error: dict[str, Any]) -> Any:
 
 def finished(result: TaskResult, status: str, *, value: Any = None, error: Any = None) -> None:
     """Mark ``result`` (as a worker holds it) finished with ``status``."""
-    from django.utils import timezone
-
     object.__setattr__(result, "status", status)
     object.__setattr__(result, "finished_at", timezone.now())
     if error is not None:
