@@ -14,7 +14,9 @@ class PikkuConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from pikku_django import checks, conf  # noqa: F401  (registers checks and signals)
-        from pikku_django.webhooks import dispatch  # registers its workflow
+        from pikku_django.tasks import checks as task_checks  # noqa: F401
+        from pikku_django.tasks import runner  # noqa: F401  (registers the task workflows)
+        from pikku_django.webhooks import dispatch
         from pikku_django.webhooks.lifecycle import sync_after_migrate
         from pikku_django.webhooks.sources import autodiscover as discover_sources
         from pikku_django.workflows.registry import autodiscover as discover_workflows

@@ -130,6 +130,15 @@ if _reachable("redis", SERVICE_URLS["redis"], 6379):
 
 PIKKU: dict[str, object] = {}
 
+# django.tasks (or its backport) through pikku_django.tasks; tests/test_tasks.py.
+TASKS = {
+    "default": {
+        "BACKEND": "pikku_django.tasks.PikkuBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"retries": 1, "retry_delay": 0},
+    }
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -21,6 +21,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 _lock = threading.RLock()
 _workflows: dict[str, WorkflowDefinition] = {}
 _steps: dict[str, StepDefinition] = {}
+#: Workflows named by a prefix and found by a function of the whole name (see
+#: :func:`register_workflow_prefix`).
+_prefixes: dict[str, Callable[[str], WorkflowDefinition | None]] = {}
 
 
 @dataclass(frozen=True)
@@ -190,10 +193,27 @@ def check_backoff(backoff: object) -> str:
     return str(backoff)
 
 
+def register_workflow_prefix(prefix: str, find: Callable[[str], WorkflowDefinition | None]) -> None:
+    """Names starting with ``prefix`` are workflows that ``find(name)`` gives (or None).
+
+    For a family of runs that one body runs under many names, e.g. ``task:<path>``
+    for each ``django.tasks`` task (pikku_django.tasks).
+    """
+    with _lock:
+        _prefixes[_check_name(prefix, "workflow prefix")] = find
+
+
 def get_workflow(name_or_fn: str | Callable[..., Any]) -> WorkflowDefinition | None:
     """The workflow registered under a name, or for a decorated function."""
     name = getattr(name_or_fn, "__pikku_workflow__", name_or_fn)
-    return _workflows.get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        return None
+    found = _workflows.get(name)
+    if found is None:
+        for prefix, find in list(_prefixes.items()):
+            if name.startswith(prefix):
+                return find(name)
+    return found
 
 
 def get_step(name_or_fn: str | Callable[..., Any]) -> StepDefinition | None:

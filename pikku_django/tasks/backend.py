@@ -1,0 +1,145 @@
+"""``PikkuBackend``: each ``django.tasks`` enqueue is a durable run that ``pikku_worker`` runs."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from pikku_django.tasks import compat
+from pikku_django.tasks.naming import MAX_TASK_PATH, task_workflow
+from pikku_django.tasks.options import OPTION_KEYS, RetryPolicy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PikkuTask(compat.Task):  # type: ignore[type-arg]
+    """A task of :class:`PikkuBackend`; ``@task`` passes it these extra options.
+
+    ``retries`` (after the first attempt), ``retry_delay`` (seconds, a timedelta or
+    text like "30s"), ``backoff`` ("fixed" or "exponential") and ``transactional``
+    override the backend's ``OPTIONS`` for this task; None keeps them.
+    """
+
+    retries: int | None = None
+    retry_delay: float | timedelta | str | None = None
+    backoff: str | None = None
+    transactional: bool | None = None
+
+    def policy(self) -> RetryPolicy:
+        values = {key: getattr(self, key) for key in OPTION_KEYS}
+        return RetryPolicy.parse(
+            {k: v for k, v in values.items() if v is not None}, f"task {self.module_path}"
+        )
+
+
+class _EngineAccepts:
+    """A capability flag that is True once ``start_workflow`` takes the keyword ``name``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: object, owner: type | None = None) -> bool:
+        from django.apps import apps
+
+        if not apps.ready:
+            # A task declared while apps load is let through here: the engine (which
+            # needs the models) is asked when the task is enqueued, which validates again.
+            return True
+        return engine_accepts(self.name)
+
+
+@functools.cache
+def engine_accepts(keyword: str) -> bool:
+    """Whether ``start_workflow`` (pikku_django's engine) takes ``keyword``."""
+    from pikku_django.workflows import api
+
+    return keyword in inspect.signature(api.start_workflow).parameters
+
+
+class PikkuBackend(compat.BaseTaskBackend):
+    """A ``TASKS`` backend whose results are workflow runs (id = the run's id).
+
+    ``OPTIONS``: ``retries``, ``retry_delay``, ``backoff`` and ``transactional``, the
+    defaults of its tasks (unset: ``PIKKU``'s ``STEP_*`` defaults).
+    """
+
+    task_class = PikkuTask
+    supports_async_task = True
+    supports_get_result = True
+    #: ``run_after`` and ``priority`` reach the runs once the engine schedules by them.
+    supports_defer = _EngineAccepts("run_after")
+    supports_priority = _EngineAccepts("priority")
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.policy = RetryPolicy.from_backend_options(alias, self.options)
+
+    # -- validating -----------------------------------------------------------------
+
+    def validate_task(self, task: Any) -> None:
+        """As the base backend does, plus the queue, the path's length and the task options."""
+        if self.queues and task.queue_name not in self.queues:
+            raise compat.InvalidTask(
+                f"Queue {task.queue_name!r} is not one of the QUEUES of TASKS[{self.alias!r}] "
+                f"({', '.join(sorted(self.queues))}); add it there or enqueue on one of those."
+            )
+        super().validate_task(task)
+        if len(task.module_path) > MAX_TASK_PATH:
+            raise compat.InvalidTask(
+                f"Task path {task.module_path[:60]!r}... is over {MAX_TASK_PATH} characters."
+            )
+        if isinstance(task, PikkuTask):
+            try:
+                task.policy()
+            except ValueError as exc:
+                raise compat.InvalidTask(str(exc)) from exc
+
+    # -- enqueueing -----------------------------------------------------------------
+
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        """Start the task's run (in the caller's transaction) and return its result."""
+        from pikku_django.tasks.results import TaskRunState
+        from pikku_django.workflows.api import start_workflow
+
+        self.validate_task(task)
+        own = task.policy() if isinstance(task, PikkuTask) else RetryPolicy()
+        policy = own.over(self.policy).as_step_options()
+        try:
+            args, kwargs = compat.normalize_json(list(args)), compat.normalize_json(dict(kwargs))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"The arguments of task {task.module_path} must be JSON (str, int, float, "
+                f"bool, None, lists and dicts of them): {exc}"
+            ) from exc
+        payload = {
+            "task": task.module_path,
+            "args": args,
+            "kwargs": kwargs,
+            "backend": self.alias,
+            "queue": task.queue_name,
+            "priority": task.priority,
+            "run_after": task.run_after.isoformat() if task.run_after else None,
+            "policy": {k: v for k, v in policy.items() if v is not None},
+        }
+        scheduling: dict[str, Any] = {}
+        if engine_accepts("run_after") and task.run_after is not None:
+            scheduling["run_after"] = task.run_after
+        if engine_accepts("priority"):
+            scheduling["priority"] = task.priority
+        run = start_workflow(task_workflow(task.module_path), payload, **scheduling)
+        result = TaskRunState(run, None, ()).result(task)
+        compat.task_enqueued.send(type(self), task_result=result)
+        return result
+
+    # -- reading results ------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> Any:
+        """The task result of run ``result_id``; TaskResultDoesNotExist if it is not a task run."""
+        from pikku_django.tasks.results import TaskRunState
+
+        return TaskRunState.load(result_id).result()
