@@ -123,7 +123,8 @@ MYSQL_SETTINGS = (
     "innodb_doublewrite",
     "innodb_buffer_pool_size",
     "max_connections",
-    "transaction_isolation",
+    "transaction_isolation",  # MariaDB 11.1+
+    "tx_isolation",  # its older name
 )
 
 
@@ -175,7 +176,8 @@ def mysql_server_settings(url: str) -> dict[str, str]:
         for name in MYSQL_SETTINGS:
             cursor.execute("SHOW GLOBAL VARIABLES LIKE %s", (name,))
             row = cursor.fetchone()
-            out[name] = str(row[1]) if row else "unknown"
+            if row:
+                out[name] = str(row[1])
         return out
     finally:
         conn.close()

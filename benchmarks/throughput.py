@@ -68,7 +68,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from benchlib import BENCH_DIR, BenchError, Processes, django_env, machine
+from benchlib import BENCH_DIR, Processes, django_env, machine
 from throughput_report import judge, render
 from throughput_run import DATABASES, run_database
 
@@ -142,11 +142,11 @@ def child_main(args: argparse.Namespace) -> int:
     procs = Processes(tmp, dict(os.environ))
     try:
         result = run_database(args.child, args, procs, tmp)
-    except BenchError as exc:
-        log.error("%s: %s", args.child, exc)
+    except Exception as exc:  # reported in the JSON, with the workers' last lines
+        log.exception("%s failed", args.child)
         for name in procs.procs:
             log.error("--- %s:\n%s", name, procs.tail(name))
-        result = {"database": args.child, "skipped": f"failed: {exc}"}
+        result = {"database": args.child, "skipped": f"failed: {type(exc).__name__}: {exc}"}
     finally:
         procs.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -88,8 +88,9 @@ def clear_pikku() -> None:
     from pikku_django.models import WorkflowRun
 
     WorkflowRun.objects.all().delete()
+    key = connection.ops.quote_name("key")  # a reserved word on MariaDB
     with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM pikku_lease WHERE key LIKE 'workflow-run:%%'")
+        cursor.execute(f"DELETE FROM pikku_lease WHERE {key} LIKE %s", ["workflow-run:%"])
 
 
 def clear_peers(systems: list[System]) -> None:
