@@ -101,10 +101,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--quick", action="store_true", help="small counts, one concurrency, one repeat")
     add("--timeout", type=float, default=300.0, help="seconds per wait (300)")
     add("--child", choices=DATABASES, help=argparse.SUPPRESS)
+    if parser.parse_known_args(argv)[0].quick:  # smaller defaults; options given still win
+        parser.set_defaults(
+            runs=10, warmup=2, latency_runs=2, concurrency="4", repeat=1, memory_steps=1_000
+        )
     args = parser.parse_args(argv)
-    if args.quick:
-        args.runs, args.warmup, args.latency_runs = 10, 2, 2
-        args.concurrency, args.repeat, args.memory_steps = "4", 1, 1_000
     try:
         args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
         args.conn_max_age = [int(c) for c in str(args.conn_max_age).split(",") if c.strip()]

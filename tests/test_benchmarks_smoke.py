@@ -1,0 +1,128 @@
+"""The benchmarks' ``--quick`` modes run end to end and print the JSON the docs read.
+
+Each script runs as a subprocess on databases named after this process (dropped
+afterwards), and its last line is checked for its shape: every figure with its
+median and range, its baseline beside it, the server settings. Never a speed: the
+figures of a run on a shared machine mean nothing, and a test must not depend on them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import require_service
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+PG = "postgres://postgres@127.0.0.1:5432"
+TAG = f"pikku_smoke_{os.getpid()}"
+SUMMARY_KEYS = {"median", "min", "max", "q1", "q3", "spread_pct", "repeats"}
+
+
+def installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def run_script(script: str, *argv: str, env: dict[str, str], timeout: float) -> dict[str, Any]:
+    done = subprocess.run(  # noqa: S603 - this interpreter on a script of the repository
+        [sys.executable, str(BENCH / script), *argv],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    return json.loads(last)
+
+
+def drop_pg(names: list[str]) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        for name in names:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture
+def pg_names() -> Iterator[dict[str, str]]:
+    require_service("postgres")
+    names = {
+        "PIKKU_BENCH_WORKFLOWS_URL": f"{TAG}_wf",
+        "PIKKU_BENCH_PROCRASTINATE_URL": f"{TAG}_pr",
+        "PIKKU_BENCH_DBOS_URL": f"{TAG}_dbos",
+        "PIKKU_BENCH_POSTGRES_URL": f"{TAG}_pg",
+    }
+    yield {var: f"{PG}/{name}" for var, name in names.items()}
+    drop_pg(list(names.values()))
+
+
+def assert_summary(summary: dict[str, Any]) -> None:
+    assert set(summary) >= SUMMARY_KEYS
+    assert summary["min"] <= summary["median"] <= summary["max"]
+    assert len(summary["repeats"]) >= 1
+
+
+def test_throughput_quick(pg_names: dict[str, str]) -> None:
+    report = run_script(
+        "throughput.py",
+        *("--quick", "--databases", "postgres,sqlite", "--conn-max-age", "60"),
+        *("--memory-steps", "200", "--latency-runs", "2"),
+        env=pg_names,
+        timeout=170,
+    )
+    assert report["settings"]["quick"] is True
+    assert set(report["docs"]) == {"procrastinate", "dbos", "django"}
+    pg, sqlite = report["databases"]["postgres"], report["databases"]["sqlite"]
+    assert "skipped" not in pg, pg
+    assert "skipped" not in sqlite, sqlite
+    for setting in ("fsync", "synchronous_commit", "autovacuum", "shared_buffers"):
+        assert setting in pg["server"]
+    assert sqlite["server"]["journal_mode"] == "wal"
+    for db in (pg, sqlite):
+        for key, system in db["systems"].items():
+            if system["unavailable"]:
+                assert isinstance(system["unavailable"], str)
+                assert key not in db["throughput"]
+                continue
+            assert set(db["throughput"][key]) == set(system["kinds"])
+            for by_concurrency in db["throughput"][key].values():
+                assert set(by_concurrency) == {"4"}
+                assert_summary(by_concurrency["4"])
+        ours = db["latency"]["pikku_carried_cma60"]
+        assert ours["stored_to_first_step"]["n"] == 2
+        assert ours["step_to_step"]["n"] == 18
+    peers = {
+        "procrastinate": installed("procrastinate"),
+        "dbos": installed("dbos"),
+    }
+    for peer, present in peers.items():
+        assert (pg["systems"][peer]["unavailable"] is None) is present
+    pairings = {(p["database"], p["theirs"], p["kind"]) for p in report["targets"]["pairings"]}
+    if peers["procrastinate"]:
+        assert ("postgres", "procrastinate", "chain") in pairings
+        assert ("postgres", "procrastinate", "single") in pairings
+    if peers["dbos"]:
+        assert ("postgres", "dbos", "chain") in pairings
+        assert ("postgres", "dbos", "inline") in pairings
+    for pairing in report["targets"]["pairings"]:
+        assert pairing["ratio"] > 0
+        assert (pairing["met"] is None) is (pairing["target"] is None)
+    memory = pg["memory"]
+    assert memory["steps"] == 200
+    assert memory["payload_bytes"] == 1024
+    assert len(memory["trace"]) >= 2
