@@ -126,3 +126,87 @@ def test_throughput_quick(pg_names: dict[str, str]) -> None:
     assert memory["steps"] == 200
     assert memory["payload_bytes"] == 1024
     assert len(memory["trace"]) >= 2
+
+
+def test_leases_quick(pg_names: dict[str, str]) -> None:
+    require_service("mariadb")
+    require_service("redis")
+    env = {
+        "PIKKU_BENCH_POSTGRES_URL": pg_names["PIKKU_BENCH_POSTGRES_URL"],
+        "PIKKU_BENCH_MARIADB_URL": f"mysql://root@127.0.0.1:3306/{TAG}",
+        "PIKKU_BENCH_REDIS_URL": "redis://127.0.0.1:6379/14",
+    }
+    try:
+        report = run_script("leases.py", "--quick", "--seconds", "0.2", env=env, timeout=120)
+    finally:
+        drop_mariadb(TAG)
+    assert report["settings"]["quick"] is True
+    assert not report["skipped"], report["skipped"]
+    assert {"fsync", "synchronous_commit", "autovacuum"} <= set(
+        report["server_settings"]["postgres"]
+    )
+    by = {(r["backend"], r["case"]): r for r in report["results"]}
+    assert len(by) == 15  # five backends, three cases
+    expected = {
+        "sqlite": {"raw sqlite3 upsert"},
+        "postgres": {"raw psycopg upsert", "pg_try_advisory_lock"},
+        "mariadb": {"raw MySQLdb upsert"},
+        "redis": {"redis-py Lock", "python-redis-lock"},
+        "memory": set(),
+    }
+    for (backend, case), r in by.items():
+        names = set(r["baselines"]) | set(r["baselines_unavailable"])
+        assert names == expected[backend]
+        if "python-redis-lock" in r["baselines_unavailable"]:
+            assert not installed("redis_lock")
+        for tally in [r["ours"], *r["baselines"].values()]:
+            assert tally["acquired"] > 0
+            assert tally["acquire_release_latency"]["p50_us"] > 0
+            assert_summary(tally["acquired_per_s_by_slice"])
+            if "1 key" not in case:
+                assert tally["failed_attempts"] == 0
+        if r["target"] is not None:
+            assert r["ratio"] is not None
+            assert r["met"] is (r["ratio"] >= r["target"])
+
+
+def test_webhooks_quick(pg_names: dict[str, str]) -> None:
+    report = run_script(
+        "webhooks.py",
+        *("--quick", "--seconds", "0.2", "--rounds", "2"),
+        env={"PIKKU_BENCH_POSTGRES_URL": pg_names["PIKKU_BENCH_POSTGRES_URL"]},
+        timeout=120,
+    )
+    assert report["settings"]["clients"] == [1, 8]
+    assert not report["skipped"], report["skipped"]
+    by_backend = {r["backend"]: r for r in report["results"]}
+    assert set(by_backend) == {"sqlite", "postgres"}
+    pg = by_backend["postgres"]
+    assert {"fsync", "synchronous_commit", "autovacuum"} <= set(pg["server_settings"])
+    for result in by_backend.values():
+        for clients in ("1", "8"):
+            figures = result["by_clients"][clients]
+            assert {"raw", "pikku"} <= set(figures)
+            for side in ("raw", "pikku"):
+                assert_summary(figures[side]["requests_per_s"])
+            assert figures["ratios"]["pikku_vs_raw"] > 0
+        start = result["worker_starting_runs"]
+        assert start["runs_started"] > 0
+        assert start["intake_plus_start_us_per_event_1_client"] > start["us_per_event"]
+        assert result["row_check"]["runs"] == 0
+    assert "defer" in by_backend["sqlite"]["unavailable"]
+    if installed("procrastinate"):
+        assert "defer" in pg["by_clients"]["8"]
+        assert pg["targets"]["pikku_vs_defer_at_8_clients"]["ratio"] > 0
+    else:
+        assert "not installed" in pg["unavailable"]["defer"]
+
+
+def drop_mariadb(name: str) -> None:
+    import MySQLdb
+
+    conn = MySQLdb.connect(host="127.0.0.1", user="root", connect_timeout=5)
+    try:
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        conn.close()
