@@ -41,11 +41,12 @@ Run it from the repository root on a quiet machine:
     .venv/bin/python benchmarks/throughput.py              # the full run, about 30 min
     .venv/bin/python benchmarks/throughput.py --quick      # about a minute, for a smoke test
 
-Databases: ``PIKKU_BENCH_WORKFLOWS_URL`` (postgres://postgres@127.0.0.1:5432/
-pikku_bench_workflows), ``PIKKU_BENCH_PROCRASTINATE_URL`` (.../pikku_bench_procrastinate),
-``PIKKU_BENCH_DBOS_URL`` (.../pikku_bench_dbos), ``PIKKU_BENCH_MARIADB_WORKFLOWS_URL``
-(mysql://root@127.0.0.1:3306/pikku_bench_workflows) and a temporary SQLite file; they
-are created when missing and emptied between repeats. The servers' fsync,
+Databases: ``PIKKU_BENCH_THROUGHPUT_URL`` (postgres://postgres@127.0.0.1:5432/
+pikku_bench_throughput), ``PIKKU_BENCH_PROCRASTINATE_URL`` (.../pikku_bench_procrastinate),
+``PIKKU_BENCH_DBOS_URL`` (.../pikku_bench_dbos), ``PIKKU_BENCH_THROUGHPUT_MARIADB_URL``
+(mysql://root@127.0.0.1:3306/pikku_bench_throughput) and a temporary SQLite file; they
+are created when missing and emptied between repeats, so they must be this benchmark's
+alone. The servers' fsync,
 synchronous_commit, autovacuum, shared_buffers and max_connections go into the JSON;
 where the server runs with autovacuum off, every database gets the same VACUUM
 ANALYZE between repeats (``--vacuum``). Progress goes to stderr; stdout gets the
@@ -99,6 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="VACUUM ANALYZE between repeats: auto = only where autovacuum is off (auto)",
     )
     add("--quick", action="store_true", help="small counts, one concurrency, one repeat")
+    add("--profile", type=Path, default=None, help="py-spy a pikku worker afterwards, into DIR")
     add("--timeout", type=float, default=300.0, help="seconds per wait (300)")
     add("--child", choices=DATABASES, help=argparse.SUPPRESS)
     if parser.parse_known_args(argv)[0].quick:  # smaller defaults; options given still win
@@ -134,6 +136,8 @@ def child_argv(args: argparse.Namespace, database: str) -> list[str]:
         *("--conn-max-age", ",".join(map(str, args.conn_max_age))),
         *("--timeout", str(args.timeout)),
     ]
+    if args.profile:
+        argv += ["--profile", str(args.profile)]
     return [*argv, "--no-peers"] if args.no_peers else argv
 
 
@@ -157,7 +161,12 @@ def child_main(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[bench] %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="[bench] %(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
     for noisy in ("procrastinate", "dbos", "pikku_django"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

@@ -208,6 +208,8 @@ def render(results: dict[str, Any], targets: dict[str, Any], args: argparse.Name
                 f" slope over the last half {slope if slope is not None else float('nan'):.1f}"
                 f" bytes/step (target < {MEMORY_TARGET_BYTES_PER_STEP:g})"
             )
+        for kind, text in db.get("profile", {}).items():
+            out += [f"profile, pikku {kind} (CONN_MAX_AGE=60): {text}"]
         out.append("")
     out.append(
         f"{args.runs} units x {args.steps} steps per batch (1-step kind: {args.runs * args.steps}"

@@ -27,11 +27,13 @@ from throughput_systems import Dbos, Kind, Latency, Pikku, Procrastinate, System
 log = logging.getLogger("pikku.bench.throughput")
 
 DATABASES = ("postgres", "mariadb", "sqlite")
+# Databases of their own: a worker of another benchmark on the same database (chaos.py's
+# default is pikku_bench_workflows) would take these runs, and these deletes its runs.
 WORKFLOWS_URL = os.environ.get(
-    "PIKKU_BENCH_WORKFLOWS_URL", "postgres://postgres@127.0.0.1:5432/pikku_bench_workflows"
+    "PIKKU_BENCH_THROUGHPUT_URL", "postgres://postgres@127.0.0.1:5432/pikku_bench_throughput"
 )
 MARIADB_URL = os.environ.get(
-    "PIKKU_BENCH_MARIADB_WORKFLOWS_URL", "mysql://root@127.0.0.1:3306/pikku_bench_workflows"
+    "PIKKU_BENCH_THROUGHPUT_MARIADB_URL", "mysql://root@127.0.0.1:3306/pikku_bench_throughput"
 )
 PROCRASTINATE_URL = os.environ.get(
     "PIKKU_BENCH_PROCRASTINATE_URL", "postgres://postgres@127.0.0.1:5432/pikku_bench_procrastinate"
@@ -277,7 +279,52 @@ def run_database(
     }
     if database == "postgres" and args.memory_steps:
         result["memory"] = measure_memory(procs, args)
+    if args.profile:
+        result["profile"] = profile_pikku(database, procs, args)
     return result
+
+
+def profile_pikku(database: str, procs: Processes, args: argparse.Namespace) -> dict[str, str]:
+    """One more batch of each kind through a CONN_MAX_AGE=60 worker under py-spy; where
+    its worker threads' time went, per kind (not among the figures)."""
+    import time
+
+    from profiling import start_profiler, stop_profiler, summarise_profile
+
+    clear_pikku()
+    system = Pikku(
+        "pikku_profiled",
+        "pikku under py-spy",
+        procs,
+        args.timeout,
+        conn_max_age=60,
+        carry=True,
+        carry_setting=None,
+        poll=1.0 if database == "postgres" else POLL_WITHOUT_NOTIFY,
+        kinds=(Kind.CHAIN, Kind.SINGLE, Kind.INLINE),
+    )
+    args.profile.mkdir(parents=True, exist_ok=True)
+    out: dict[str, str] = {}
+    system.start(args.concurrency[0], 1)
+    try:
+        for kind in system.kinds:
+            units, steps = units_of(kind, args)
+            system.batch(kind, min(units, max(1, args.warmup)), steps)
+        pid = procs.procs[system.names[0]].pid
+        for kind in system.kinds:
+            raw = args.profile / f"{database}-{kind.value}.raw"
+            profiler = start_profiler(pid, raw)
+            if profiler is None:
+                return {"unavailable": "py-spy is not installed (pip install py-spy)"}
+            time.sleep(1.0)  # py-spy attaches
+            units, steps = units_of(kind, args)
+            per_s = system.batch(kind, units, steps).per_s
+            stop_profiler(profiler)
+            summary = summarise_profile(raw) if raw.exists() else "py-spy recorded nothing"
+            out[kind.value] = f"{per_s:.1f} steps/s under py-spy; {summary}"
+    finally:
+        system.stop()
+    return out
 
 
 def measure_memory(procs: Processes, args: argparse.Namespace) -> dict[str, Any]:
