@@ -126,6 +126,7 @@ def judge(results: dict[str, Any]) -> dict[str, Any]:
                     else round((1 - ratio / p.target) * 100, 1),
                 }
             )
+        out["pairings"] += latency_pairings(database, db)
         memory = db.get("memory")
         if memory and memory.get("slope_last_half_bytes_per_step") is not None:
             slope = memory["slope_last_half_bytes_per_step"]
@@ -134,6 +135,37 @@ def judge(results: dict[str, Any]) -> dict[str, Any]:
                 "target": f"< {MEMORY_TARGET_BYTES_PER_STEP:g}",
                 "met": slope < MEMORY_TARGET_BYTES_PER_STEP,
             }
+    return out
+
+
+def latency_pairings(database: str, db: dict[str, Any]) -> list[dict[str, Any]]:
+    """pikku's idle-worker latencies (p50) over each peer's, for information: below 1
+    is faster."""
+    out = []
+    latency = db.get("latency", {})
+    for ours in (RECOMMENDED, "pikku_carried_cma0"):
+        for theirs in ("procrastinate", "dbos"):
+            if ours not in latency or theirs not in latency:
+                continue
+            for what in ("stored_to_first_step", "step_to_step"):
+                a, b = latency[ours][what], latency[theirs][what]
+                if not a or not b or not b["p50_ms"]:
+                    continue
+                out.append(
+                    {
+                        "database": database,
+                        "pairing": f"latency {what.replace('_', ' ')} p50, {ours} vs {theirs}",
+                        "kind": f"latency_{what}",
+                        "ours": ours,
+                        "theirs": theirs,
+                        "ours_best": {"median": a["p50_ms"], "unit": "ms"},
+                        "theirs_best": {"median": b["p50_ms"], "unit": "ms"},
+                        "ratio": round(a["p50_ms"] / b["p50_ms"], 3),
+                        "target": None,
+                        "met": None,
+                        "missed_by_pct": None,
+                    }
+                )
     return out
 
 
@@ -173,11 +205,11 @@ def render(results: dict[str, Any], targets: dict[str, Any], args: argparse.Name
                     if p["met"]
                     else f"  target >= {p['target']:g}: MISSED by {p['missed_by_pct']:.1f}%"
                 )
-            out.append(
-                f"{p['pairing']}: {p['ours_best']['median']:.1f} @ {p['ours_best']['concurrency']}"
-                f" / {p['theirs_best']['median']:.1f} @ {p['theirs_best']['concurrency']}"
-                f" = {p['ratio']:.2f}x{verdict}"
-            )
+            a, b = p["ours_best"], p["theirs_best"]
+            at = {"": ""} if "concurrency" not in a else None
+            left = f"{a['median']:.1f} ms" if at else f"{a['median']:.1f} @ {a['concurrency']}"
+            right = f"{b['median']:.1f} ms" if at else f"{b['median']:.1f} @ {b['concurrency']}"
+            out.append(f"{p['pairing']}: {left} / {right} = {p['ratio']:.2f}x{verdict}")
         if db.get("latency"):
             lrows = []
             for key, lat in db["latency"].items():

@@ -138,7 +138,7 @@ class Pikku(System):
             "WORKER_POLL_INTERVAL": self.poll,
             "other PIKKU keys": "documented defaults (benchmarks/bench_settings.py)",
         }
-        if not self.carry:
+        if not self.carry and self.carry_setting is not None:
             out[f"PIKKU[{self.carry_setting!r}]"] = False
         return out
 
