@@ -185,17 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     for database in args.databases:
         log.info("%s: starting", database)
         env = django_env("bench_settings")
+        child = subprocess.Popen(
+            child_argv(args, database), env=env, stdout=subprocess.PIPE, text=True
+        )
         try:
-            done = subprocess.run(
-                child_argv(args, database),
-                env=env,
-                stdout=subprocess.PIPE,
-                text=True,
-                check=False,
-            )
+            stdout, _ = child.communicate()
         except KeyboardInterrupt:
-            log.error("interrupted")
+            # The child stops its own workers on SIGTERM before it exits.
+            log.error("interrupted: stopping the %s process and its workers", database)
+            child.terminate()
+            child.wait(60)
             return 130
+        done = subprocess.CompletedProcess(child.args, child.returncode, stdout)
         lines = done.stdout.strip().splitlines()
         results[database] = (
             json.loads(lines[-1])

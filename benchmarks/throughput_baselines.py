@@ -53,6 +53,7 @@ DOCS = {
         "https://procrastinate.readthedocs.io/en/stable/howto/connections.html",
         "https://procrastinate.readthedocs.io/en/stable/howto/basics/connector.html",
         # --concurrency: jobs one worker runs at once (async tasks share its event loop).
+        "https://procrastinate.readthedocs.io/en/stable/howto/production/concurrency.html",
         "https://procrastinate.readthedocs.io/en/stable/howto/basics/worker.html",
     ],
     "dbos": [

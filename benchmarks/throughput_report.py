@@ -206,9 +206,14 @@ def render(results: dict[str, Any], targets: dict[str, Any], args: argparse.Name
                     else f"  target >= {p['target']:g}: MISSED by {p['missed_by_pct']:.1f}%"
                 )
             a, b = p["ours_best"], p["theirs_best"]
-            at = {"": ""} if "concurrency" not in a else None
-            left = f"{a['median']:.1f} ms" if at else f"{a['median']:.1f} @ {a['concurrency']}"
-            right = f"{b['median']:.1f} ms" if at else f"{b['median']:.1f} @ {b['concurrency']}"
+            left, right = (
+                (
+                    f"{a['median']:.1f} @ {a['concurrency']}",
+                    f"{b['median']:.1f} @ {b['concurrency']}",
+                )
+                if "concurrency" in a
+                else (f"{a['median']:.2f} ms", f"{b['median']:.2f} ms")
+            )
             out.append(f"{p['pairing']}: {left} / {right} = {p['ratio']:.2f}x{verdict}")
         if db.get("latency"):
             lrows = []
