@@ -71,6 +71,35 @@ def pg_names() -> Iterator[dict[str, str]]:
     drop_pg(list(names.values()))
 
 
+def figures_module() -> Any:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import figures
+    finally:
+        sys.path.remove(str(BENCH))
+    return figures
+
+
+def test_repeats_rotate_and_summaries_hold_their_spread() -> None:
+    figures = figures_module()
+    orders = [order for _, order in figures.rotations(["a", "b", "c"], 4)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    summary = figures.Summary.of([3.0, 1.0, 2.0, 10.0])
+    assert (summary.median, summary.low, summary.high) == (2.5, 1.0, 10.0)
+    assert summary.as_json(1)["repeats"] == [3.0, 1.0, 2.0, 10.0]
+    with pytest.raises(ValueError, match="at least one value"):
+        figures.Summary.of([])
+    assert figures.ratio(summary, figures.Summary.of([1.25])) == 2.0
+
+
+def test_memory_slope_reads_only_the_last_half() -> None:
+    figures = figures_module()
+    # Steep growth while warming up, then 40 bytes a step.
+    points = [(0, 0), (100, 1_000_000), (500, 1_000_000 + 400 * 40), (1000, 1_000_000 + 900 * 40)]
+    assert figures.slope_last_half(points) == pytest.approx(40.0)
+    assert figures.slope_last_half(points[:1]) is None
+
+
 def assert_summary(summary: dict[str, Any]) -> None:
     assert set(summary) >= SUMMARY_KEYS
     assert summary["min"] <= summary["median"] <= summary["max"]
@@ -129,7 +158,7 @@ def test_throughput_quick(pg_names: dict[str, str]) -> None:
     assert len(memory["trace"]) >= 2
 
 
-def test_leases_quick(pg_names: dict[str, str]) -> None:
+def test_leases_quick_on_each_backend_mariadb_redis_included(pg_names: dict[str, str]) -> None:
     require_service("mariadb")
     require_service("redis")
     env = {
