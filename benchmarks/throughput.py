@@ -38,8 +38,12 @@ bytes a step.
 Run it from the repository root on a quiet machine:
 
     .venv/bin/pip install -e ".[dev,bench]"
-    .venv/bin/python benchmarks/throughput.py              # the full run, about 30 min
-    .venv/bin/python benchmarks/throughput.py --quick      # about a minute, for a smoke test
+    .venv/bin/python benchmarks/throughput.py --databases postgres       # the peers, memory
+    .venv/bin/python benchmarks/throughput.py --databases mariadb,sqlite # pikku alone
+    .venv/bin/python benchmarks/throughput.py --quick      # about a minute, to check it runs
+
+(each full run takes tens of minutes: every system starts afresh at every concurrency of
+every repeat).
 
 Databases: ``PIKKU_BENCH_THROUGHPUT_URL`` (postgres://postgres@127.0.0.1:5432/
 pikku_bench_throughput), ``PIKKU_BENCH_PROCRASTINATE_URL`` (.../pikku_bench_procrastinate),
@@ -100,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="VACUUM ANALYZE between repeats: auto = only where autovacuum is off (auto)",
     )
     add("--quick", action="store_true", help="small counts, one concurrency, one repeat")
-    add("--profile", type=Path, default=None, help="py-spy a pikku worker afterwards, into DIR")
+    add("--profile", type=Path, metavar="DIR", help="py-spy a pikku worker afterwards, into DIR")
     add("--timeout", type=float, default=300.0, help="seconds per wait (300)")
     add("--child", choices=DATABASES, help=argparse.SUPPRESS)
     if parser.parse_known_args(argv)[0].quick:  # smaller defaults; options given still win

@@ -179,8 +179,9 @@ class Pikku(System):
             counts = Counter(
                 WorkflowRun.objects.filter(id__in=ids).values_list("status", flat=True).iterator()
             )
-            bad = {s: n for s, n in counts.items() if s not in (RunStatus.RUNNING,)}
-            bad.pop(RunStatus.COMPLETED, None)
+            bad = {
+                s: n for s, n in counts.items() if s not in (RunStatus.RUNNING, RunStatus.COMPLETED)
+            }
             if bad:
                 raise BenchError(f"{self.label}: runs ended {bad}")
             return counts[RunStatus.COMPLETED] == len(ids)
@@ -383,7 +384,6 @@ class Dbos(System):
                 pass  # what it prints before it is ready
         if self.client is None:
             self.client = DBOSClient(system_database_url=dbos_url(self.url))
-        self.concurrency = concurrency
 
     def stop(self) -> None:
         for name in self.names:
