@@ -24,6 +24,7 @@ EXPECTED = b'{"received": 1}'
 PATHS = {
     "raw": "/bench/raw/",
     "pikku": f"/pikku/webhooks/{SOURCE}/",
+    "notify": "/bench/notify/",
     "defer": "/bench/defer/",
 }
 

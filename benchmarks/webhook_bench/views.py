@@ -4,6 +4,9 @@
   then one prepared ``INSERT`` of the body under its unique delivery id, on a raw
   driver connection of the thread's own in autocommit (psycopg with ``prepare=True``;
   sqlite3, which keeps its statements prepared).
+* ``notify`` (PostgreSQL): ``raw`` plus a ``pg_notify`` to wake workers, in one
+  transaction: what waking a worker at once costs, since PostgreSQL serialises the
+  commits of transactions that notify.
 * ``defer``: the signature checked the same way, then, in one transaction, the row
   written through the ORM and a Procrastinate job deferred for it (its Django
   integration defers on Django's connection, so both commit or neither does).
@@ -29,6 +32,7 @@ TABLE = RawDelivery._meta.db_table
 PG_INSERT = (
     f"INSERT INTO {TABLE} (delivery, body) VALUES (%s, %s) ON CONFLICT (delivery) DO NOTHING"
 )
+PG_NOTIFY = "SELECT pg_notify('pikku_bench_webhook', '')"
 SQLITE_INSERT = (
     f"INSERT INTO {TABLE} (delivery, body) VALUES (?, ?) ON CONFLICT (delivery) DO NOTHING"
 )
@@ -83,6 +87,18 @@ def raw(request: HttpRequest) -> HttpResponse:
         conn.execute(PG_INSERT, (delivery, request.body), prepare=True)
     else:
         conn.execute(SQLITE_INSERT, (delivery, request.body))
+    return JsonResponse({"received": 1})
+
+
+@csrf_exempt
+def notify(request: HttpRequest) -> HttpResponse:
+    if not signed(request):
+        return JsonResponse({"error": "bad signature"}, status=401)
+    delivery = request.headers.get("X-GitHub-Delivery", "")
+    conn = _raw_connection()
+    with conn.transaction():
+        conn.execute(PG_INSERT, (delivery, request.body), prepare=True)
+        conn.execute(PG_NOTIFY, prepare=True)
     return JsonResponse({"received": 1})
 
 
