@@ -232,7 +232,10 @@ def main(argv: list[str] | None = None) -> int:
                     "quick": args.quick,
                 },
                 "docs": DOCS,
-                "machine": machine("see databases", "procrastinate", "dbos", "psycopg-pool")
+                "machine": machine(
+                    results.get("postgres", {}).get("server", {}).get("server_version", "-"),
+                    *("procrastinate", "dbos", "psycopg-pool", "mysqlclient"),
+                )
                 | {"load_average_1m_at_start": round(load_start[0], 2)},
                 "seconds": round(took, 1),
                 "databases": results,
