@@ -341,6 +341,7 @@ def machine(server: str, *dists: str) -> dict[str, Any]:
 
     info: dict[str, Any] = {
         "cpu_count": os.cpu_count(),
+        "cpu": _cpu_model(),
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "machine": platform.machine(),
         "platform": platform.platform(),
@@ -354,6 +355,16 @@ def machine(server: str, *dists: str) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             info[dist] = None
     return info
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
