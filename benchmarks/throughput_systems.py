@@ -7,9 +7,10 @@ untimed warm-up, and then measures:
   one transaction, Procrastinate jobs in one ``batch_defer``, DBOS workflows enqueued
   one by one with its client), timed from the moment the last is stored to the last
   one's completion as the database recorded it;
-- ``one(steps)``: one unit at a time on an idle worker: the latency from the moment
-  the unit is stored to its first step's start, and each gap between a step's end and
-  the next step's start.
+- ``one(steps)``: one unit at a time on an idle worker: the latency from the unit's
+  row (a pikku run's ``created_at``, a Procrastinate job's ``deferred`` event, a DBOS
+  workflow's ``created_at``: each written in the transaction that stores the unit) to
+  its first step's start, and each gap between a step's end and the next step's start.
 
 The kinds: ``Kind.CHAIN``, ``steps`` steps that each go through the system's queue
 (pikku queued steps, a Procrastinate chain whose jobs each defer the next, a DBOS
@@ -167,9 +168,9 @@ class Pikku(System):
         return Batch(units * (1 if kind is Kind.SINGLE else steps), pikku_end(ids) - committed)
 
     def one(self, steps: int) -> Latency:
-        ids, committed = start_runs(QUEUED, 1, steps)
+        ids, _ = start_runs(QUEUED, 1, steps)
         self.wait(ids, every=0.005)
-        return pikku_latency(ids, committed)
+        return pikku_latency(ids)
 
     def wait(self, ids: list[Any], every: float = 0.05) -> None:
         from pikku_django.models import RunStatus, WorkflowRun
@@ -214,18 +215,20 @@ def pikku_end(ids: list[Any]) -> float:
     return end.timestamp()
 
 
-def pikku_latency(ids: list[Any], committed: float) -> Latency:
+def pikku_latency(ids: list[Any]) -> Latency:
+    """From each run's row (written in the transaction that stored it) to its first
+    step's start, and from each step's end to the next one's start."""
     from pikku_django.models import StepAttempt
 
     rows = (
         StepAttempt.objects.filter(step__run_id__in=ids, step__kind="queued", attempt=1)
         .order_by("step__run_id", "started_at")
-        .values_list("step__run_id", "started_at", "finished_at")
+        .values_list("step__run_id", "started_at", "finished_at", "step__run__created_at")
     )
     out, last = Latency(), (None, None)
-    for run_id, started, finished in rows.iterator():
+    for run_id, started, finished, created in rows.iterator():
         if run_id != last[0]:
-            out.first_ms.append((started.timestamp() - committed) * 1000)
+            out.first_ms.append((started - created).total_seconds() * 1000)
         elif last[1] is not None:
             out.gaps_ms.append((started - last[1]).total_seconds() * 1000)
         last = (run_id, finished)
@@ -318,19 +321,24 @@ class Procrastinate(System):
         return Batch(jobs, float(end) - committed)
 
     def one(self, steps: int) -> Latency:
-        after, jobs, committed = self._defer(Kind.CHAIN, 1, steps)
+        after, jobs, _ = self._defer(Kind.CHAIN, 1, steps)
         self._wait(after, jobs, every=0.005)
         rows = self._sql(
-            "SELECT j.id, extract(epoch FROM s.at), extract(epoch FROM e.at) "
-            "FROM procrastinate_jobs j "
+            "SELECT j.id, extract(epoch FROM s.at), extract(epoch FROM e.at), "
+            "extract(epoch FROM d.at) FROM procrastinate_jobs j "
+            "JOIN procrastinate_events d ON d.job_id = j.id AND d.type = 'deferred' "
             "JOIN procrastinate_events s ON s.job_id = j.id AND s.type = 'started' "
             "JOIN procrastinate_events e ON e.job_id = j.id AND e.type = 'succeeded' "
             "WHERE j.id > %s ORDER BY j.id",
             (after,),
         )
-        out = Latency(first_ms=[(float(rows[0][1]) - committed) * 1000])
-        for prev, nxt in itertools.pairwise(rows):
-            out.gaps_ms.append((float(nxt[1]) - float(prev[2])) * 1000)
+        # From the head job's deferred event (written as it was stored) to its start.
+        out = Latency(first_ms=[(float(rows[0][1]) - float(rows[0][3])) * 1000])
+        # A chain's next job is deferred as the last act of the job before it, which may
+        # be recorded as succeeded only after the next one started: the gap is from the
+        # next job's deferral to its start.
+        for nxt in rows[1:]:
+            out.gaps_ms.append((float(nxt[1]) - float(nxt[3])) * 1000)
         return out
 
 
@@ -467,14 +475,18 @@ class Dbos(System):
         return Batch(units * steps, max(ends) - started)
 
     def one(self, steps: int) -> Latency:
-        ids, committed = self._enqueue(1, steps)
+        ids, _ = self._enqueue(1, steps)
         self._wait(ids, every=0.005)
         rows = self._sql(
             "SELECT started_at_epoch_ms, completed_at_epoch_ms FROM dbos.operation_outputs "
             "WHERE workflow_uuid = %s ORDER BY function_id",
             (ids[0],),
         )
-        out = Latency(first_ms=[float(rows[0][0]) - committed * 1000])
+        created = self._sql(
+            "SELECT created_at FROM dbos.workflow_status WHERE workflow_uuid = %s", (ids[0],)
+        )[0][0]
+        # From the workflow's row (written as it was enqueued) to its first step's start.
+        out = Latency(first_ms=[float(rows[0][0]) - float(created)])
         for prev, nxt in itertools.pairwise(rows):
             out.gaps_ms.append(float(nxt[0]) - float(prev[1]))
         return out

@@ -150,7 +150,7 @@ def test_throughput_quick(pg_names: dict[str, str]) -> None:
         assert ("postgres", "dbos", "chain") in pairings
         assert ("postgres", "dbos", "inline") in pairings
     for pairing in report["targets"]["pairings"]:
-        assert pairing["ratio"] > 0
+        assert pairing["ratio"] > 0, pairing
         assert (pairing["met"] is None) is (pairing["target"] is None)
     memory = pg["memory"]
     assert memory["steps"] == 200
