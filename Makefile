@@ -15,7 +15,7 @@ VENV := .venv
 VENV_LATEST := .venv-latest
 
 .PHONY: demo demo-leases serve docs test test-main test-latest lint typecheck bench bench-throughput \
-	bench-chaos bench-webhooks bench-recovery clean
+	bench-chaos bench-webhooks bench-recovery bench-quick clean
 
 $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "No Python 3.11+ found: install one or set PYTHON=/path/to/python3.11"; exit 1; }
@@ -77,14 +77,15 @@ docs: $(VENV)/.installed
 
 test: lint typecheck docs test-main test-latest
 
-bench: $(VENV)/.installed
-	$(VENV)/bin/python benchmarks/leases.py
-
-# The other benchmarks run against PostgreSQL (see the README's Benchmarks section);
-# throughput needs the bench extra (Procrastinate and DBOS as baselines).
+# The benchmarks (see docs/benchmarks.md) need the bench extra: the peers
+# and baselines they measure pikku_django against. Full figures need a quiet machine;
+# bench-quick runs each benchmark's --quick mode (a minute or so each) to check they run.
 $(VENV)/.bench-installed: $(VENV)/.installed
 	$(VENV)/bin/pip install -q -e ".[dev,bench]"
 	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(VENV)/bin/python benchmarks/leases.py
 
 bench-throughput: $(VENV)/.bench-installed
 	$(VENV)/bin/python benchmarks/throughput.py
@@ -93,11 +94,16 @@ bench-chaos: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/chaos.py --database postgres
 	$(VENV)/bin/python benchmarks/chaos.py --database mariadb
 
-bench-webhooks: $(VENV)/.installed
+bench-webhooks: $(VENV)/.bench-installed
 	$(VENV)/bin/python benchmarks/webhooks.py
 
 bench-recovery: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/recovery.py --trials 5 --lease-ms 5000
+
+bench-quick: $(VENV)/.bench-installed
+	$(VENV)/bin/python benchmarks/leases.py --quick
+	$(VENV)/bin/python benchmarks/webhooks.py --quick
+	$(VENV)/bin/python benchmarks/throughput.py --quick
 
 clean:
 	rm -rf $(VENV) $(VENV_LATEST) .pytest_cache .ruff_cache .hypothesis site

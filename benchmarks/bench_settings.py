@@ -6,7 +6,10 @@ picks the database and the timings; every PIKKU key not named here keeps its
 documented default:
 
     PIKKU_BENCH_WORKFLOWS_URL     default postgres://postgres@127.0.0.1:5432/pikku_bench_workflows
+                                  (mysql://... for MariaDB, sqlite:////path for SQLite)
     PIKKU_BENCH_CONN_MAX_AGE      default 60     (DATABASES CONN_MAX_AGE, seconds)
+    PIKKU_BENCH_CARRY             default 1      (0: the build's setting that turns carrying
+                                  runs off, when it has one; see CARRY_SETTING)
     PIKKU_BENCH_STEP_LEASE_MS     default 60000  (PIKKU["STEP_LEASE_MS"])
     PIKKU_BENCH_RUN_LEASE_MS      default 30000  (PIKKU["RUN_LEASE_MS"])
     PIKKU_BENCH_RUN_PASS_TIMEOUT  default 300    (PIKKU["RUN_PASS_TIMEOUT"], seconds)
@@ -27,8 +30,15 @@ import os
 
 import dj_database_url
 
+from pikku_django.conf import DEFAULTS
+
 POSTGRES_URL = os.environ.get(
     "PIKKU_BENCH_WORKFLOWS_URL", "postgres://postgres@127.0.0.1:5432/pikku_bench_workflows"
+)
+
+#: The PIKKU key that turns a worker thread's carrying of a run off, if this build has one.
+CARRY_SETTING = next(
+    (key for key in ("CARRY_RUNS", "WORKER_CARRY_RUNS", "WORKER_CARRY") if key in DEFAULTS), None
 )
 
 SECRET_KEY = "pikku-bench-not-secret"  # noqa: S105
@@ -42,7 +52,17 @@ DATABASES = {
         POSTGRES_URL, conn_max_age=int(os.environ.get("PIKKU_BENCH_CONN_MAX_AGE", "60"))
     )
 }
-DATABASES["default"]["OPTIONS"] = {"connect_timeout": 5}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # What the README asks of a SQLite database that workers share.
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL;",
+    }
+elif DATABASES["default"]["ENGINE"].endswith("mysql"):
+    DATABASES["default"]["OPTIONS"] = {"connect_timeout": 5, "charset": "utf8mb4"}
+else:
+    DATABASES["default"]["OPTIONS"] = {"connect_timeout": 5}
 PIKKU = {
     "LEASE_BACKEND": "database",
     "STEP_LEASE_MS": int(os.environ.get("PIKKU_BENCH_STEP_LEASE_MS", "60000")),
@@ -52,6 +72,8 @@ PIKKU = {
     "RECOVERY_INTERVAL": float(os.environ.get("PIKKU_BENCH_RECOVERY_INTERVAL", "30")),
     "STALLED_RUN_AFTER": float(os.environ.get("PIKKU_BENCH_STALLED_RUN_AFTER", "300")),
 }
+if CARRY_SETTING is not None and os.environ.get("PIKKU_BENCH_CARRY", "1") == "0":
+    PIKKU[CARRY_SETTING] = False
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -104,6 +104,102 @@ def listening_sessions(url: str, channel_like: str) -> int:
     return int(row[0]) if row else 0
 
 
+#: The server settings every report records (PostgreSQL's names).
+PG_SETTINGS = (
+    "server_version",
+    "fsync",
+    "synchronous_commit",
+    "full_page_writes",
+    "wal_level",
+    "autovacuum",
+    "shared_buffers",
+    "max_connections",
+)
+#: MariaDB's counterparts: what a commit waits for, the buffer pool, connections.
+MYSQL_SETTINGS = (
+    "version",
+    "innodb_flush_log_at_trx_commit",
+    "sync_binlog",
+    "innodb_doublewrite",
+    "innodb_buffer_pool_size",
+    "max_connections",
+    "transaction_isolation",  # MariaDB 11.1+
+    "tx_isolation",  # its older name
+)
+
+
+def pg_server_settings(url: str) -> dict[str, str]:
+    """The PG_SETTINGS of the server ``url`` names, with their units (shared_buffers in
+    8 kB pages is given as, say, ``128MB``)."""
+    import psycopg
+
+    with psycopg.connect(autocommit=True, connect_timeout=5, **pg_params(url)) as conn:
+        return {name: str(conn.execute(f"SHOW {name}").fetchone()[0]) for name in PG_SETTINGS}
+
+
+def mysql_connect(url: str, database: bool = True) -> Any:
+    """A MySQLdb connection (autocommit) to the server ``url`` names."""
+    import MySQLdb
+
+    db = dj_database_url.parse(url)
+    kwargs: dict[str, Any] = {"host": db.get("HOST") or "127.0.0.1", "connect_timeout": 5}
+    if db.get("PORT"):
+        kwargs["port"] = int(db["PORT"])
+    if db.get("USER"):
+        kwargs["user"] = db["USER"]
+    if db.get("PASSWORD"):
+        kwargs["password"] = db["PASSWORD"]
+    if database:
+        kwargs["database"] = db["NAME"]
+    conn = MySQLdb.connect(**kwargs)
+    conn.autocommit(True)
+    return conn
+
+
+def mysql_ensure_database(url: str) -> None:
+    """Create the database ``url`` names (utf8mb4) if it is missing."""
+    name = dj_database_url.parse(url)["NAME"]
+    if not name.replace("_", "").isalnum():
+        raise BenchError(f"unexpected database name {name!r}")
+    conn = mysql_connect(url, database=False)
+    try:
+        conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4")
+    finally:
+        conn.close()
+
+
+def mysql_server_settings(url: str) -> dict[str, str]:
+    conn = mysql_connect(url, database=False)
+    try:
+        cursor = conn.cursor()
+        out = {}
+        for name in MYSQL_SETTINGS:
+            cursor.execute("SHOW GLOBAL VARIABLES LIKE %s", (name,))
+            row = cursor.fetchone()
+            if row:
+                out[name] = str(row[1])
+        return out
+    finally:
+        conn.close()
+
+
+def sqlite_settings(path: str) -> dict[str, str]:
+    """The library version and the file's journal mode and synchronous level."""
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        return {
+            "sqlite_version": sqlite3.sqlite_version,
+            "journal_mode": str(conn.execute("PRAGMA journal_mode").fetchone()[0]),
+            "synchronous (per connection, default)": str(
+                conn.execute("PRAGMA synchronous").fetchone()[0]
+            ),
+        }
+    finally:
+        conn.close()
+
+
 # -- processes ---------------------------------------------------------------------------------
 
 
@@ -245,6 +341,7 @@ def machine(server: str, *dists: str) -> dict[str, Any]:
 
     info: dict[str, Any] = {
         "cpu_count": os.cpu_count(),
+        "cpu": _cpu_model(),
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "machine": platform.machine(),
         "platform": platform.platform(),
@@ -258,6 +355,16 @@ def machine(server: str, *dists: str) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             info[dist] = None
     return info
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -4,6 +4,10 @@ Throughput: ``bench.queued`` makes ``steps`` no-op steps that workers claim one
 by one; ``bench.inline`` makes the same steps run inline, in the orchestration
 pass.
 
+Memory: ``bench.payload`` makes ``steps`` steps, all queued but every tenth
+(inline), each given ``payload`` (a string, 1 KB in the benchmark) and returning
+it, so every step's input and result is stored and read back.
+
 Chaos: ``bench.chaos`` makes one step per entry of ``ms`` (alternately
 transactional and plain), each working for that many milliseconds. Every
 execution of a chaos step function is recorded at its start in
@@ -51,6 +55,25 @@ def queued(ctx: WorkflowContext, input: dict[str, Any]) -> int:
 def inline(ctx: WorkflowContext, input: dict[str, Any]) -> int:
     for i in range(input["steps"]):
         ctx.do(f"s{i}", _inline_noop)
+    return input["steps"]
+
+
+@step(name="bench.echo")
+def echo(payload: str) -> str:
+    return payload
+
+
+def _inline_echo(payload: str) -> str:
+    return payload
+
+
+@workflow(name="bench.payload")
+def payload(ctx: WorkflowContext, input: dict[str, Any]) -> int:
+    for i in range(input["steps"]):
+        if i % 10 == 9:
+            ctx.do(f"s{i}", _inline_echo, input["payload"])
+        else:
+            ctx.do(f"s{i}", echo, input["payload"])
     return input["steps"]
 
 

@@ -1,4 +1,4 @@
-"""The baseline's table: one row per request, written with one INSERT."""
+"""The baselines' table: one row per request, under its unique delivery id."""
 
 from django.db import models
 
@@ -6,7 +6,7 @@ from django.db import models
 class RawDelivery(models.Model):
     """A request body as it came, under the delivery id the sender gave it."""
 
-    delivery = models.CharField(max_length=255)
+    delivery = models.CharField(max_length=255, unique=True)
     body = models.BinaryField()
 
     class Meta:

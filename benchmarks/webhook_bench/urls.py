@@ -1,10 +1,12 @@
-"""ROOT_URLCONF of ``benchmarks/webhooks.py``: both views behind one URL resolver."""
+"""ROOT_URLCONF of ``benchmarks/webhooks.py``: every side behind one URL resolver."""
 
 from django.urls import include, path
 
-from webhook_bench.views import bare
+from webhook_bench.views import defer, notify, raw
 
 urlpatterns = [
-    path("bench/bare/", bare, name="bench-bare"),
+    path("bench/raw/", raw, name="bench-raw"),
+    path("bench/notify/", notify, name="bench-notify"),
+    path("bench/defer/", defer, name="bench-defer"),
     path("pikku/", include("pikku_django.urls")),
 ]

@@ -1,0 +1,81 @@
+"""Where a worker's time goes: py-spy attached to a ``pikku_worker`` process while it runs
+a batch, and a summary of the samples of its worker threads (``--profile`` of
+``benchmarks/throughput.py``). Sampling slows the worker, so nothing measured under it
+is among the figures."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+log = logging.getLogger("pikku.bench.throughput")
+
+
+def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(exe).exists():
+        log.warning("--profile: py-spy is not installed (pip install py-spy); no profile")
+        return None
+    return subprocess.Popen(
+        [
+            *(exe, "record", "--pid", str(pid), "--idle", "--nonblocking", "--rate", "200"),
+            *("--format", "raw", "--output", str(out)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def stop_profiler(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def summarise_profile(raw: Path, top: int = 25) -> str:
+    """Where the worker threads' time went: inclusive share of pikku_django functions."""
+    inclusive: Counter[str] = Counter()
+    categories: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if "Worker._loop" not in stack:
+            continue  # the main thread's joins, the LISTEN thread, lease renewals
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        seen = set()
+        for frame in frames:
+            name = frame.split(" (")[0]
+            where = frame.split(" (")[-1]
+            if "pikku_django/" in where and name not in seen:
+                seen.add(name)
+                inclusive[name] += n
+        leaf = frames[-1]
+        if "Connection.wait" in stack or "Connection.commit" in stack:
+            categories["waiting on PostgreSQL (psycopg Connection.wait)"] += n
+        elif "Condition.wait" in leaf or "Event.wait" in leaf or "_wait_for_tstate_lock" in leaf:
+            categories["idle or joining a thread"] += n
+        elif "django/db/models" in stack:
+            categories["Python: Django ORM building and reading queries"] += n
+        elif "psycopg/" in stack:
+            categories["Python: psycopg adapting and sending"] += n
+        else:
+            categories["Python: other"] += n
+    if not total:
+        return "no samples of the worker threads"
+    lines = [f"{total} samples of the worker threads ({raw})"]
+    lines += [f"  {n / total:6.1%}  {what}" for what, n in categories.most_common()]
+    lines.append("inclusive time of pikku_django functions:")
+    lines += [f"  {n / total:6.1%}  {name}" for name, n in inclusive.most_common(top)]
+    return "\n".join(lines)

@@ -1,0 +1,243 @@
+"""The benchmarks' ``--quick`` modes run end to end and print the JSON the docs read.
+
+Each script runs as a subprocess on databases named after this process (dropped
+afterwards), and its last line is checked for its shape: every figure with its
+median and range, its baseline beside it, the server settings. Never a speed: the
+figures of a run on a shared machine mean nothing, and a test must not depend on them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import require_service
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+PG = "postgres://postgres@127.0.0.1:5432"
+TAG = f"pikku_smoke_{os.getpid()}"
+SUMMARY_KEYS = {"median", "min", "max", "q1", "q3", "spread_pct", "repeats"}
+
+
+def installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def run_script(script: str, *argv: str, env: dict[str, str], timeout: float) -> dict[str, Any]:
+    done = subprocess.run(  # noqa: S603 - this interpreter on a script of the repository
+        [sys.executable, str(BENCH / script), *argv],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    return json.loads(last)
+
+
+def drop_pg(names: list[str]) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        for name in names:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture
+def pg_names() -> Iterator[dict[str, str]]:
+    require_service("postgres")
+    names = {
+        "PIKKU_BENCH_THROUGHPUT_URL": f"{TAG}_wf",
+        "PIKKU_BENCH_PROCRASTINATE_URL": f"{TAG}_pr",
+        "PIKKU_BENCH_DBOS_URL": f"{TAG}_dbos",
+        "PIKKU_BENCH_POSTGRES_URL": f"{TAG}_pg",
+    }
+    yield {var: f"{PG}/{name}" for var, name in names.items()}
+    drop_pg(list(names.values()))
+
+
+def figures_module() -> Any:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import figures
+    finally:
+        sys.path.remove(str(BENCH))
+    return figures
+
+
+def test_repeats_rotate_and_summaries_hold_their_spread() -> None:
+    figures = figures_module()
+    orders = [order for _, order in figures.rotations(["a", "b", "c"], 4)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    summary = figures.Summary.of([3.0, 1.0, 2.0, 10.0])
+    assert (summary.median, summary.low, summary.high) == (2.5, 1.0, 10.0)
+    assert summary.as_json(1)["repeats"] == [3.0, 1.0, 2.0, 10.0]
+    with pytest.raises(ValueError, match="at least one value"):
+        figures.Summary.of([])
+    assert figures.ratio(summary, figures.Summary.of([1.25])) == 2.0
+
+
+def test_memory_slope_reads_only_the_last_half() -> None:
+    figures = figures_module()
+    # Steep growth while warming up, then 40 bytes a step.
+    points = [(0, 0), (100, 1_000_000), (500, 1_000_000 + 400 * 40), (1000, 1_000_000 + 900 * 40)]
+    assert figures.slope_last_half(points) == pytest.approx(40.0)
+    assert figures.slope_last_half(points[:1]) is None
+
+
+def assert_summary(summary: dict[str, Any]) -> None:
+    assert set(summary) >= SUMMARY_KEYS
+    assert summary["min"] <= summary["median"] <= summary["max"]
+    assert len(summary["repeats"]) >= 1
+
+
+def test_throughput_quick(pg_names: dict[str, str]) -> None:
+    report = run_script(
+        "throughput.py",
+        *("--quick", "--databases", "postgres,sqlite", "--conn-max-age", "60"),
+        *("--memory-steps", "200", "--latency-runs", "1", "--warmup", "1"),
+        *("--runs", "6", "--steps", "5"),
+        env=pg_names,
+        timeout=170,
+    )
+    assert report["settings"]["quick"] is True
+    assert set(report["docs"]) == {"procrastinate", "dbos", "django"}
+    pg, sqlite = report["databases"]["postgres"], report["databases"]["sqlite"]
+    assert "skipped" not in pg, pg
+    assert "skipped" not in sqlite, sqlite
+    for setting in ("fsync", "synchronous_commit", "autovacuum", "shared_buffers"):
+        assert setting in pg["server"]
+    assert sqlite["server"]["journal_mode"] == "wal"
+    for db in (pg, sqlite):
+        for key, system in db["systems"].items():
+            if system["unavailable"]:
+                assert isinstance(system["unavailable"], str)
+                assert key not in db["throughput"]
+                continue
+            assert set(db["throughput"][key]) == set(system["kinds"])
+            for by_concurrency in db["throughput"][key].values():
+                assert set(by_concurrency) == {"4"}
+                assert_summary(by_concurrency["4"])
+        ours = db["latency"]["pikku_carried_cma60"]
+        assert ours["stored_to_first_step"]["n"] == 1
+        assert ours["step_to_step"]["n"] == 4
+    peers = {
+        "procrastinate": installed("procrastinate"),
+        "dbos": installed("dbos"),
+    }
+    for peer, present in peers.items():
+        assert (pg["systems"][peer]["unavailable"] is None) is present
+    pairings = {(p["database"], p["theirs"], p["kind"]) for p in report["targets"]["pairings"]}
+    if peers["procrastinate"]:
+        assert ("postgres", "procrastinate", "chain") in pairings
+        assert ("postgres", "procrastinate", "single") in pairings
+    if peers["dbos"]:
+        assert ("postgres", "dbos", "chain") in pairings
+        assert ("postgres", "dbos", "inline") in pairings
+    for pairing in report["targets"]["pairings"]:
+        assert pairing["ratio"] > 0, pairing
+        assert (pairing["met"] is None) is (pairing["target"] is None)
+    memory = pg["memory"]
+    assert memory["steps"] == 200
+    assert memory["payload_bytes"] == 1024
+    assert len(memory["trace"]) >= 2
+
+
+def test_leases_quick_on_each_backend_mariadb_redis_included(pg_names: dict[str, str]) -> None:
+    require_service("mariadb")
+    require_service("redis")
+    env = {
+        "PIKKU_BENCH_POSTGRES_URL": pg_names["PIKKU_BENCH_POSTGRES_URL"],
+        "PIKKU_BENCH_MARIADB_URL": f"mysql://root@127.0.0.1:3306/{TAG}",
+        "PIKKU_BENCH_REDIS_URL": "redis://127.0.0.1:6379/14",
+    }
+    try:
+        report = run_script("leases.py", "--quick", "--seconds", "0.2", env=env, timeout=120)
+    finally:
+        drop_mariadb(TAG)
+    assert report["settings"]["quick"] is True
+    assert not report["skipped"], report["skipped"]
+    assert {"fsync", "synchronous_commit", "autovacuum"} <= set(
+        report["server_settings"]["postgres"]
+    )
+    by = {(r["backend"], r["case"]): r for r in report["results"]}
+    assert len(by) == 15  # five backends, three cases
+    expected = {
+        "sqlite": {"raw sqlite3 upsert"},
+        "postgres": {"raw psycopg upsert", "pg_try_advisory_lock"},
+        "mariadb": {"raw MySQLdb upsert"},
+        "redis": {"redis-py Lock", "python-redis-lock"},
+        "memory": set(),
+    }
+    for (backend, case), r in by.items():
+        names = set(r["baselines"]) | set(r["baselines_unavailable"])
+        assert names == expected[backend]
+        if "python-redis-lock" in r["baselines_unavailable"]:
+            assert not installed("redis_lock")
+        for tally in [r["ours"], *r["baselines"].values()]:
+            assert tally["acquired"] > 0
+            assert tally["acquire_release_latency"]["p50_us"] > 0
+            assert_summary(tally["acquired_per_s_by_slice"])
+            if "1 key" not in case:
+                assert tally["failed_attempts"] == 0
+        if r["target"] is not None:
+            assert r["ratio"] is not None
+            assert r["met"] is (r["ratio"] >= r["target"])
+
+
+def test_webhooks_quick(pg_names: dict[str, str]) -> None:
+    report = run_script(
+        "webhooks.py",
+        *("--quick", "--seconds", "0.2", "--rounds", "2"),
+        env={"PIKKU_BENCH_POSTGRES_URL": pg_names["PIKKU_BENCH_POSTGRES_URL"]},
+        timeout=120,
+    )
+    assert report["settings"]["clients"] == [1, 8]
+    assert not report["skipped"], report["skipped"]
+    by_backend = {r["backend"]: r for r in report["results"]}
+    assert set(by_backend) == {"sqlite", "postgres"}
+    pg = by_backend["postgres"]
+    assert {"fsync", "synchronous_commit", "autovacuum"} <= set(pg["server_settings"])
+    for result in by_backend.values():
+        for clients in ("1", "8"):
+            figures = result["by_clients"][clients]
+            assert {"raw", "pikku"} <= set(figures)
+            for side in ("raw", "pikku"):
+                assert_summary(figures[side]["requests_per_s"])
+            assert figures["ratios"]["pikku_vs_raw"] > 0
+        start = result["worker_starting_runs"]
+        assert start["runs_started"] > 0
+        assert start["intake_plus_start_us_per_event_1_client"] > start["us_per_event"]
+        assert result["row_check"]["runs"] == 0
+    assert {"notify", "defer"} <= set(by_backend["sqlite"]["unavailable"])
+    assert pg["by_clients"]["8"]["ratios"]["pikku_vs_notify"] > 0
+    if installed("procrastinate"):
+        assert "defer" in pg["by_clients"]["8"]
+        assert pg["targets"]["pikku_vs_defer_at_8_clients"]["ratio"] > 0
+    else:
+        assert "not installed" in pg["unavailable"]["defer"]
+
+
+def drop_mariadb(name: str) -> None:
+    import MySQLdb
+
+    conn = MySQLdb.connect(host="127.0.0.1", user="root", connect_timeout=5)
+    try:
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        conn.close()
