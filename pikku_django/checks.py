@@ -371,7 +371,7 @@ def check_webhook_secrets(
         return []
     from django.db import DatabaseError
 
-    from pikku_django.webhooks.secret_checks import unusable_secrets
+    from pikku_django.webhooks.credentials import unusable_secrets
 
     try:
         found = unusable_secrets()

@@ -21,8 +21,9 @@ from django.urls import reverse
 from pikku_django.checks import check_webhook_secrets
 from pikku_django.models import CredentialValue
 from pikku_django.webhooks import WebhookSource, credential_name, register_source, set_credential
+from pikku_django.webhooks.credentials import unusable_secrets
 from pikku_django.webhooks.presets import Discord, StandardWebhooks
-from pikku_django.webhooks.secret_checks import InvalidSecretError, unusable_secrets
+from pikku_django.webhooks.secret_checks import InvalidSecretError
 from pikku_django.webhooks.sources import unregister_source
 
 pytestmark = pytest.mark.django_db(transaction=True)

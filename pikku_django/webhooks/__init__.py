@@ -1,7 +1,7 @@
 """Webhook sources: declared in code, verified before anything runs, dispatched durably."""
 
 from pikku_django.webhooks.bodies import BodyLimitError
-from pikku_django.webhooks.credentials import credential_name, credential_values, set_credential
+from pikku_django.webhooks.credentials import credential_values, set_credential
 from pikku_django.webhooks.secret_checks import InvalidSecretError
 from pikku_django.webhooks.sources import (
     ProviderContext,
@@ -9,6 +9,7 @@ from pikku_django.webhooks.sources import (
     Received,
     WebhookEvent,
     WebhookSource,
+    credential_name,
     on_webhook,
     register_source,
     start_workflow_on,

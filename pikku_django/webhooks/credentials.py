@@ -10,28 +10,19 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-import re
+import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from pikku_django.conf import pikku_settings
 
+logger = logging.getLogger(__name__)
 
-def credential_name(source: str) -> str:
-    """A source's default credential name.
-
-    ``microsoft-outlook`` -> ``microsoftOutlookWebhookSecret``.
-    """
-    parts = [p for p in re.split(r"[^0-9A-Za-z]+", source) if p]
-    if not parts:
-        return "webhookSecret"
-    head, *rest = parts
-    return (
-        head[0].lower() + head[1:] + "".join(p[0].upper() + p[1:] for p in rest) + ("WebhookSecret")
-    )
+if TYPE_CHECKING:
+    from pikku_django.webhooks.secret_checks import UnusableSecret
 
 
 def _fernet() -> Any:
@@ -148,3 +139,34 @@ def rotate_encryption() -> int:
         row.save(update_fields=["ciphertext"])
         count += 1
     return count
+
+
+def unusable_secrets() -> list[UnusableSecret]:
+    """Every active value, from settings or stored, that a source using its credential
+    cannot load. Stored values that cannot be decrypted are left to the caller."""
+    from pikku_django.models import CredentialValue
+    from pikku_django.webhooks.secret_checks import UnusableSecret, reason_unusable
+    from pikku_django.webhooks.sources import sources
+
+    found: list[UnusableSecret] = []
+    for source in sources():
+        credential = source.credential
+        if source.verify is None or not credential:
+            continue
+        values: list[tuple[str, int | None, str]] = [
+            (f"PIKKU['CREDENTIALS'] value {n}", None, value)
+            for n, value in enumerate(configured_values(credential), 1)
+        ]
+        for row in CredentialValue.objects.filter(credential=credential, active=True):
+            try:
+                value = decrypt(row.ciphertext)
+            except Exception:
+                logger.debug("credential value %s cannot be decrypted", row.pk, exc_info=True)
+                continue
+            hint = f" (…{row.hint})" if row.hint else ""
+            values.append((f"stored value {row.pk}{hint}", row.pk, value))
+        for where, stored_id, value in values:
+            reason = reason_unusable(source, value)
+            if reason is not None:
+                found.append(UnusableSecret(source.name, credential, where, reason, stored_id))
+    return found

@@ -15,7 +15,7 @@ from pikku_django.webhooks.sources import WebhookSource, sources
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["InvalidSecretError", "UnusableSecret", "check_secret", "unusable_secrets"]
+__all__ = ["InvalidSecretError", "UnusableSecret", "check_secret", "reason_unusable"]
 
 
 class InvalidSecretError(ValueError):
@@ -41,7 +41,7 @@ def _users(credential: str) -> Iterator[WebhookSource]:
             yield source
 
 
-def _reason(source: WebhookSource, value: str) -> str | None:
+def reason_unusable(source: WebhookSource, value: str) -> str | None:
     """Why ``source``'s verifier cannot use ``value`` (None when it can)."""
     try:
         source.verify.validate_secret(value)
@@ -56,39 +56,9 @@ def check_secret(credential: str, value: str) -> None:
     problems = [
         f"webhook source {source.name!r} ({source.verify!r}) cannot use it: {reason}"
         for source in _users(credential)
-        if (reason := _reason(source, value)) is not None
+        if (reason := reason_unusable(source, value)) is not None
     ]
     if problems:
         raise InvalidSecretError(
             f"This value for {credential!r} is unusable: " + "; ".join(problems)
         )
-
-
-def unusable_secrets() -> list[UnusableSecret]:
-    """Every active value, from settings or stored, that a source using its credential
-    cannot load. Stored values that cannot be decrypted are left to the caller."""
-    from pikku_django.models import CredentialValue
-    from pikku_django.webhooks.credentials import configured_values, decrypt
-
-    found = []
-    for source in sources():
-        credential = source.credential
-        if source.verify is None or not credential:
-            continue
-        values: list[tuple[str, int | None, str]] = [
-            (f"PIKKU['CREDENTIALS'] value {n}", None, value)
-            for n, value in enumerate(configured_values(credential), 1)
-        ]
-        for row in CredentialValue.objects.filter(credential=credential, active=True):
-            try:
-                value = decrypt(row.ciphertext)
-            except Exception:
-                logger.debug("credential value %s cannot be decrypted", row.pk, exc_info=True)
-                continue
-            hint = f" (…{row.hint})" if row.hint else ""
-            values.append((f"stored value {row.pk}{hint}", row.pk, value))
-        for where, stored_id, value in values:
-            reason = _reason(source, value)
-            if reason is not None:
-                found.append(UnusableSecret(source.name, credential, where, reason, stored_id))
-    return found

@@ -15,13 +15,26 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 
 from pikku_django.webhooks.bodies import check_json_text, loads
-from pikku_django.webhooks.credentials import credential_name
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 
 _lock = threading.RLock()
 _sources: dict[str, WebhookSource] = {}
 _handlers: dict[str, Handler] = {}
+
+
+def credential_name(source: str) -> str:
+    """A source's default credential name.
+
+    ``microsoft-outlook`` -> ``microsoftOutlookWebhookSecret``.
+    """
+    parts = [p for p in re.split(r"[^0-9A-Za-z]+", source) if p]
+    if not parts:
+        return "webhookSecret"
+    head, *rest = parts
+    return (
+        head[0].lower() + head[1:] + "".join(p[0].upper() + p[1:] for p in rest) + ("WebhookSecret")
+    )
 
 
 _UNREAD = object()
