@@ -40,8 +40,12 @@ def closed_by_server(raw: Any) -> bool:
     if fileno is None:
         return False
     try:
+        descriptor = fileno()
+    except Exception:  # the driver knows the connection is gone (psycopg: "is lost")
+        return True
+    try:
         poller = select.poll()
-        poller.register(fileno(), select.POLLIN | select.POLLPRI)
+        poller.register(descriptor, select.POLLIN | select.POLLPRI)
     except (OSError, ValueError, AttributeError):  # closed already, or no poll() here
         return bool(getattr(raw, "closed", False))
     return bool(poller.poll(0))
@@ -62,10 +66,14 @@ def _postgresql_said_goodbye(raw: Any) -> bool:
     """Whether what waits on an idle PostgreSQL connection is its end: nothing more, or
     an error (sent to an idle session only to end it). Under TLS it cannot be told, and
     the next statement finds out."""
-    if raw.pgconn.ssl_in_use:
-        return False
     try:
-        with socket.fromfd(raw.fileno(), socket.AF_INET, socket.SOCK_STREAM) as sock:
+        if raw.pgconn.ssl_in_use:
+            return False
+        descriptor = raw.fileno()
+    except Exception:  # the driver knows the connection is gone
+        return True
+    try:
+        with socket.fromfd(descriptor, socket.AF_INET, socket.SOCK_STREAM) as sock:
             first = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except BlockingIOError:
         return False

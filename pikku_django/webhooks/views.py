@@ -12,6 +12,7 @@ reached the answer is 503: nothing was stored, so the sender delivers again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -74,6 +75,25 @@ def _unreadable(reason: BaseException | None = None) -> Answered:
     return Answered(_error(400, "the body could not be read"))
 
 
+def _unreachable_errors() -> tuple[type[Exception], ...]:
+    """Django's connection errors, and the drivers' own for statements pikku_django runs
+    on the driver's cursor (which Django does not wrap)."""
+    errors: list[type[Exception]] = [OperationalError, InterfaceError]
+    with contextlib.suppress(ImportError):
+        import psycopg
+
+        errors += [psycopg.OperationalError, psycopg.InterfaceError]
+    with contextlib.suppress(ImportError):
+        import MySQLdb
+
+        errors += [MySQLdb.OperationalError, MySQLdb.InterfaceError]
+    return tuple(errors)
+
+
+#: What a request answers 503 for: the database could not be reached.
+UNREACHABLE = _unreachable_errors()
+
+
 @csrf_exempt
 def webhook(request: HttpRequest, route: str) -> HttpResponse:
     """Answer one webhook request for the source declared at ``route``."""
@@ -95,7 +115,7 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
         state.confirm()
     except SourceOff:
         return _error(404, "no such webhook source")
-    except (OperationalError, InterfaceError) as exc:
+    except UNREACHABLE as exc:
         return _unavailable(source, using, exc)
     return answer
 
