@@ -74,6 +74,7 @@ class StepRecorder:
             queued=queued,
             queue=queue,
             transactional=transactional,
+            run_queue=self.run.queue,
         )
 
     # -- queued steps ----------------------------------------------------------------
@@ -131,6 +132,7 @@ class StepRecorder:
                     workflow=workflow,
                     input=payload,
                     inline=self.run.inline,
+                    priority=self.run.priority,  # a child step inherits it, as any step
                     wake_at=None if self.run.inline else self.clock.now(),
                 )
                 self.store.steps().filter(id=step.id).update(child_run=child)

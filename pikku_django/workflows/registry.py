@@ -23,12 +23,22 @@ _workflows: dict[str, WorkflowDefinition] = {}
 _steps: dict[str, StepDefinition] = {}
 
 
+#: The range of a run's priority (that of ``django.tasks``): higher is claimed first.
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+
+
 @dataclass(frozen=True)
 class WorkflowDefinition:
-    """A registered workflow: ``fn(ctx, input)`` replayed on each orchestration pass."""
+    """A registered workflow: ``fn(ctx, input)`` replayed on each orchestration pass,
+    with the run options its runs start with unless ``start_workflow`` names them."""
 
     name: str
     fn: Callable[..., Any]
+    priority: int = 0
+    #: The queue of its runs' steps that name none (None: the default queue).
+    queue: str | None = None
+    #: Seconds after a start that a run's first pass may be claimed (None: at once).
+    delay: float | None = None
 
 
 @dataclass(frozen=True)
@@ -90,19 +100,41 @@ def _register(table: dict[str, Any], name: str, definition: Any, what: str) -> N
 @overload
 def workflow(fn: F, /) -> F: ...
 @overload
-def workflow(*, name: str | None = None) -> Callable[[F], F]: ...
+def workflow(
+    *,
+    name: str | None = None,
+    priority: int = 0,
+    queue: str | None = None,
+    delay: Duration | None = None,
+) -> Callable[[F], F]: ...
 
 
-def workflow(fn: Callable[..., Any] | None = None, /, *, name: str | None = None) -> Any:
+def workflow(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    priority: int = 0,
+    queue: str | None = None,
+    delay: Duration | None = None,
+) -> Any:
     """Register ``fn(ctx, input)`` as a workflow, under ``name`` or its function name.
 
     The function is replayed from the top on every orchestration pass: anything
-    with side effects belongs in a step (``ctx.do``).
+    with side effects belongs in a step (``ctx.do``). ``priority`` (-100 to 100,
+    higher first), ``queue`` (of steps that name none) and ``delay`` (before the
+    first pass may be claimed) are its runs' defaults; ``start_workflow`` may
+    override each.
     """
+    check_priority(priority)
+    if queue is not None:
+        check_queue(queue)
+    wait = None if delay is None else check_delay(delay)
 
     def register(func: F) -> F:
         wf_name = _check_name(name or func.__name__, "workflow")
-        _register(_workflows, wf_name, WorkflowDefinition(wf_name, func), "workflow")
+        definition = WorkflowDefinition(wf_name, func, priority, queue, wait)
+        _register(_workflows, wf_name, definition, "workflow")
         func.__pikku_workflow__ = wf_name  # type: ignore[attr-defined]
         return func
 
@@ -161,6 +193,35 @@ def check_retries(retries: object) -> int:
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be an int of 0 or more, not {retries!r}")
     return retries
+
+
+def check_priority(priority: object) -> int:
+    """``priority`` if it is an int from -100 to 100; TypeError or ValueError if not."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(
+            f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX}, not {priority!r}"
+        )
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ValueError(
+            f"priority must be from {PRIORITY_MIN} to {PRIORITY_MAX} (higher is claimed "
+            f"first), not {priority}"
+        )
+    return priority
+
+
+def check_queue(queue: object) -> str:
+    """``queue`` if it is a queue name (1 to 100 characters); ValueError if not."""
+    if not isinstance(queue, str) or not 0 < len(queue) <= 100 or queue != queue.strip():
+        raise ValueError(
+            f"A queue name is a str of 1 to 100 characters without surrounding spaces, "
+            f"not {queue!r}"
+        )
+    return queue
+
+
+def check_delay(delay: object) -> float:
+    """``delay`` (seconds, a timedelta or text like "5m") in seconds, 0 or more."""
+    return parse_duration(delay, what="delay")
 
 
 def check_backoff(backoff: object) -> str:

@@ -19,6 +19,7 @@ from django.db import models
 from django.db.models import QuerySet
 
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._values import NewStep, NextDue, Settled, Wake
 from pikku_django.workflows.config import EngineConfig, engine_config
 
@@ -38,11 +39,17 @@ def columns(model: type[models.Model], names: Sequence[str], quote: Callable[[st
 @dataclass(frozen=True)
 class NewRun:
     """A run handed to the engine to create: a registered workflow's name, its input
-    (plain JSON) and, optionally, the idempotency key that makes it unique."""
+    (plain JSON) and, optionally, the idempotency key that makes it unique and its
+    run options (None: the defaults, due at once)."""
 
     workflow: str
     input: Any
     idempotency_key: str | None = None
+    options: RunOptions | None = None
+
+    @property
+    def run_options(self) -> RunOptions:
+        return self.options or RunOptions()
 
 
 class WorkflowStore(abc.ABC):
@@ -199,5 +206,6 @@ class WorkflowStore(abc.ABC):
 
     @abc.abstractmethod
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
-        """Create ``runs``, due at ``wake_at``, in the caller's transaction: each one's
-        id, which is the existing run's where its idempotency key is taken."""
+        """Create ``runs``, due at ``wake_at`` (or their own later ``start_at``), in the
+        caller's transaction: each one's id, which is the existing run's where its
+        idempotency key is taken."""

@@ -21,6 +21,12 @@ from pikku_django.workflows._values import NewStep, NextDue, Settled, Wake
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.store.base import CHANNEL, NewRun, WorkflowStore
 
+#: The order steps are claimed in: highest priority first, first in first out
+#: within a priority (the pikku_step_claim_order index).
+STEP_CLAIM_ORDER = ("-priority", "id")
+#: The order due runs are passed in: highest priority first, then longest due.
+RUN_CLAIM_ORDER = ("-priority", "wake_at")
+
 
 def ready(now: datetime) -> Q:
     """The one rule of a step ready to be claimed at ``now``: scheduled (or pending)
@@ -235,7 +241,7 @@ class OrmStore(WorkflowStore):
             ids = list(
                 self.worker_runs()
                 .filter(wake_at__lte=now)
-                .order_by("wake_at")
+                .order_by(*RUN_CLAIM_ORDER)
                 .select_for_update(skip_locked=True)
                 .values_list("id", flat=True)[:limit]
             )
@@ -256,7 +262,7 @@ class OrmStore(WorkflowStore):
         return list(
             self._queued(queues)
             .filter(ready(now), run_id__in=self.worker_runs().values("id"))
-            .order_by("id")
+            .order_by(*STEP_CLAIM_ORDER)
             .select_for_update(skip_locked=True)
             .annotate(store_now=EpochMs())[:limit]
         )
@@ -266,7 +272,7 @@ class OrmStore(WorkflowStore):
             self._queued(())
             .annotate(store_now=EpochMs())
             .filter(ready(now), run_id__in=list(run_ids))
-            .order_by("id")
+            .order_by(*STEP_CLAIM_ORDER)
         )
 
     def next_due(self, now: datetime, queues: Sequence[str]) -> NextDue:
@@ -320,13 +326,17 @@ class OrmStore(WorkflowStore):
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
         ids = []
         for new in runs:
+            options = new.run_options
             try:
                 with self.atomic():
                     run = self.runs().create(
                         workflow=new.workflow,
                         input=new.input,
                         idempotency_key=new.idempotency_key,
-                        wake_at=wake_at,
+                        priority=options.priority,
+                        queue=options.queue,
+                        start_at=options.start_at,
+                        wake_at=options.due_at(wake_at),
                     )
                 ids.append(run.id)
             except IntegrityError:
@@ -367,4 +377,14 @@ class MysqlStore(OrmStore):
         return self.steps().filter(id=step_id).values_list(field, flat=True).first()
 
 
-__all__ = ["CHANNEL", "MysqlStore", "OrmStore", "SqliteStore", "in_flight", "ready", "waiting"]
+__all__ = [
+    "CHANNEL",
+    "RUN_CLAIM_ORDER",
+    "STEP_CLAIM_ORDER",
+    "MysqlStore",
+    "OrmStore",
+    "SqliteStore",
+    "in_flight",
+    "ready",
+    "waiting",
+]
