@@ -170,10 +170,20 @@ class WorkflowStore(abc.ABC):
 
     @abc.abstractmethod
     def lock_ready_steps(
-        self, now: datetime, queues: Sequence[str], limit: int
+        self, now: datetime, queues: Sequence[str], limit: int, full: Sequence[str] = ()
     ) -> list[WorkflowStep]:
-        """Ready queued steps of running worker runs, locked for the caller's
-        transaction (others skipped), with ``store_now`` (epoch ms) on each."""
+        """Ready queued steps of running worker runs (none of the queues ``full``),
+        in the claim order, locked for the caller's transaction (others skipped),
+        with ``store_now`` (epoch ms) on each."""
+
+    @abc.abstractmethod
+    def limited_claim(self, queues: Sequence[str]) -> AbstractContextManager[Any]:
+        """A transaction in which this caller alone counts and claims the steps of
+        the concurrency-limited ``queues``, across all workers, until it commits."""
+
+    @abc.abstractmethod
+    def live_claims(self, queue: str) -> int:
+        """How many of ``queue``'s steps are claimed under a lease that has not lapsed."""
 
     @abc.abstractmethod
     def ready_steps_of(self, run_ids: Sequence[uuid.UUID], now: datetime) -> list[WorkflowStep]:

@@ -7,10 +7,11 @@ per process.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +30,10 @@ from pikku_django.models import (
 from pikku_django.prepared import fetch, fetch_one
 from pikku_django.workflows._values import NewStep, Settled, Wake
 from pikku_django.workflows.store.base import CHANNEL, NewRun, columns
-from pikku_django.workflows.store.orm import OrmStore
+from pikku_django.workflows.store.orm import OrmStore, queue_lock_name
+
+#: The first key of the advisory locks that limited queues' claims take.
+QUEUE_LOCK_SPACE = 0x70696B6B
 
 #: The columns of a new step, as :class:`NewStep` names them.
 NEW_STEP_FIELDS = (
@@ -227,6 +231,17 @@ class PostgresStore(OrmStore):
     def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID]:
         rows = fetch(self.using, self._sql("claim_due_runs"), [until, now, limit])
         return [row[0] for row in rows]
+
+    @contextlib.contextmanager
+    def limited_claim(self, queues: Sequence[str]) -> Iterator[None]:
+        # An advisory lock per queue, released when the claim's transaction ends.
+        with self.atomic(), connections[self.using].cursor() as cursor:
+            for queue in sorted(set(queues)):
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                    [QUEUE_LOCK_SPACE, queue_lock_name(queue)],
+                )
+            yield
 
     def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
         if queues:
