@@ -190,3 +190,14 @@ def test_a_workflow_declared_with_a_bad_priority_is_refused() -> None:
         workflow(name="prt_bad", priority=200)
     with pytest.raises(TypeError, match="must be an int"):
         workflow(name="prt_bad", priority=None)  # type: ignore[arg-type]
+
+
+def test_one_priority_is_first_in_first_out(alias: str) -> None:
+    engine, clock = _engine(alias)
+    ids = _start_all(engine, clock, [7] * 6)
+    claimed = [str(run_id) for _ in ids for run_id in engine.claim_due_runs(1)]
+    assert claimed == ids
+    for run_id in reversed(ids):  # steps stored in the opposite order
+        engine.orchestrate(run_id)
+    steps = [str(c.run_id) for _ in ids for c in engine.claim_due_steps(limit=1)]
+    assert steps == list(reversed(ids))
