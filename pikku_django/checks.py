@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 from typing import Any
@@ -206,6 +207,47 @@ def check_workflow_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                 checks.Error(
                     f"PIKKU['{name}'] must be a positive int of milliseconds, not {value!r}.",
                     id="pikku_django.E014",
+                )
+            )
+    return messages
+
+
+@checks.register(checks.Tags.compatibility)
+def check_queue_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """PIKKU["QUEUES"] must declare usable queues; QUEUE_LEASE_MS is deprecated."""
+    if not isinstance(getattr(settings, "PIKKU", None) or {}, dict):
+        return []
+    from pikku_django.workflows.queues import describe, parse_queues, queue_problems
+
+    messages: list[checks.CheckMessage] = [
+        checks.Error(
+            f"PIKKU['QUEUES'] {problem}.",
+            hint='e.g. {"reports": {"lease_ms": 300_000, "concurrency": 8, "rate": "100/1m"}}',
+            id="pikku_django.E017",
+        )
+        for problem in queue_problems(pikku_settings.QUEUES)
+    ]
+    legacy = pikku_settings.QUEUE_LEASE_MS
+    if "QUEUE_LEASE_MS" in pikku_settings.user_keys():
+        folded: dict[str, Any] = {}
+        with contextlib.suppress(ValueError, TypeError, AttributeError):  # E013/E014 say why
+            folded = describe(parse_queues(pikku_settings.QUEUES, legacy))
+        messages.append(
+            checks.Warning(
+                "PIKKU['QUEUE_LEASE_MS'] is deprecated; it is still read for now.",
+                hint=f"Declare each queue's lease in PIKKU['QUEUES'] instead: {folded!r}.",
+                id="pikku_django.W011",
+            )
+        )
+    if not messages:
+        rated = sorted(q.name for q in parse_queues(pikku_settings.QUEUES).values() if q.rate)
+        if rated:
+            messages.append(
+                checks.Warning(
+                    f"PIKKU['QUEUES'] gives a rate to {', '.join(map(repr, rated))}: rate "
+                    "limits are validated but not enforced yet.",
+                    hint="Use concurrency to bound a queue meanwhile.",
+                    id="pikku_django.W012",
                 )
             )
     return messages

@@ -36,9 +36,16 @@ DEFAULTS: dict[str, Any] = {
     "STEP_RETRIES": 5,
     "STEP_RETRY_DELAY": 1.0,
     "STEP_BACKOFF": "fixed",
-    # How long a worker's claim on a step lasts unless renewed, in milliseconds;
-    # QUEUE_LEASE_MS overrides it per queue, e.g. {"reports": 300_000}.
+    # How long a worker's claim on a step lasts unless renewed, in milliseconds.
     "STEP_LEASE_MS": 60_000,
+    # Queues with settings of their own, each key optional: {"reports": {
+    # "lease_ms": 300_000, "concurrency": 8, "rate": "100/1m"}}. lease_ms
+    # overrides STEP_LEASE_MS; concurrency caps the queue's steps claimed under a
+    # live lease at once across all workers; rate is claims per period. Queues
+    # not named here have no limits.
+    "QUEUES": {},
+    # Deprecated (a system check warns): queue name to lease in milliseconds, as
+    # QUEUES' lease_ms, which wins where both are set.
     "QUEUE_LEASE_MS": {},
     # The lease each orchestration pass holds on its run, in milliseconds.
     "RUN_LEASE_MS": 30_000,

@@ -4,6 +4,7 @@ PIKKU_TEST_ALIAS names the DATABASES alias and PIKKU_TEST_DB_NAME its test
 database; workflows and leases both live there.
 """
 
+import json
 import os
 
 from tests.settings import *  # noqa: F403
@@ -19,6 +20,8 @@ PIKKU = {
     "STEP_LEASE_MS": int(os.environ.get("PIKKU_TEST_STEP_LEASE_MS", "60000")),
     "RUN_LEASE_MS": int(os.environ.get("PIKKU_TEST_RUN_LEASE_MS", "30000")),
     "WORKER_POLL_INTERVAL": float(os.environ.get("PIKKU_TEST_POLL", "0.2")),
+    # Declared queues, as JSON (tests/test_queues_workers.py).
+    "QUEUES": json.loads(os.environ.get("PIKKU_TEST_QUEUES", "{}")),
 }
 LOGGING = {
     "version": 1,

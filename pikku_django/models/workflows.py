@@ -69,6 +69,26 @@ class WorkflowRun(models.Model):
     wakes = models.BigIntegerField(
         _("wake count"), default=0, help_text=_("raised each time something wakes the run")
     )
+    priority = models.SmallIntegerField(
+        _("priority"),
+        default=0,
+        db_default=0,
+        help_text=_("-100 to 100: higher is claimed first; its steps inherit it"),
+    )
+    queue = models.CharField(
+        _("queue"),
+        max_length=100,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_("the queue of its steps that name none; empty: the default queue"),
+    )
+    start_at = models.DateTimeField(
+        _("start at"),
+        null=True,
+        blank=True,
+        help_text=_("its first pass is not claimed before this time"),
+    )
     pass_errors = models.PositiveIntegerField(
         _("pass errors"),
         default=0,
@@ -147,6 +167,9 @@ class WorkflowStep(models.Model):
         verbose_name=_("child run"),
     )
     queue = models.CharField(_("queue"), max_length=100, default="default")
+    priority = models.SmallIntegerField(
+        _("priority"), default=0, db_default=0, help_text=_("its run's priority")
+    )
     transactional = models.BooleanField(_("transactional"), default=False)
     available_at = models.DateTimeField(_("available at"), null=True, blank=True)
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
@@ -177,6 +200,16 @@ class WorkflowStep(models.Model):
                 fields=("lease_expires_at",),
                 name="pikku_step_held",
                 condition=models.Q(kind="queued", status="running"),
+            ),
+            # The claim's order over queued steps that may be ready: highest
+            # priority first, first in first out within one.
+            models.Index(
+                models.F("priority").desc(),
+                "id",
+                name="pikku_step_claim_order",
+                condition=models.Q(
+                    kind="queued", status__in=("scheduled", "pending", "failed", "running")
+                ),
             ),
             # A run's steps that are not done yet (the stalled-run sweep's look).
             models.Index(

@@ -1,5 +1,6 @@
 """Durable workflows: functions replayed step by step, run by ``pikku_worker``."""
 
+from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows.api import (
     cancel_workflow,
     get_engine,
@@ -24,10 +25,13 @@ from pikku_django.workflows.errors import (
     WorkflowStepSupersededError,
 )
 from pikku_django.workflows.intake import Intake, register_intake, unregister_intake
-from pikku_django.workflows.registry import step, workflow
+from pikku_django.workflows.queues import QueueSettings, Rate
+from pikku_django.workflows.registry import PRIORITY_MAX, PRIORITY_MIN, step, workflow
 from pikku_django.workflows.store import NewRun
 
 __all__ = [
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
     "ClaimedStep",
     "Clock",
     "EngineConfig",
@@ -36,6 +40,9 @@ __all__ = [
     "NewRun",
     "NonDeterministicWorkflowError",
     "NotSerializableError",
+    "QueueSettings",
+    "Rate",
+    "RunOptions",
     "StepFailedError",
     "StepFunctionNotFoundError",
     "StepOutcome",

@@ -167,12 +167,28 @@ class Claims:
         served = list(queues or ())
         if not self.store.ready_steps_exist(now, served):
             return []
+        config = self.config
+        limited = [
+            q.name
+            for q in config.queues.values()
+            if q.concurrency is not None and (not served or q.name in served)
+        ]
         claimed: list[ClaimedStep] = []
-        with self.store.claims_serialised(), self.store.atomic():
-            for step in self.store.lock_ready_steps(now, served, limit):
+        with self.store.claims_serialised(), self.store.limited_claim(limited):
+            # A limited queue's free slots: its limit less its claims whose lease
+            # has not lapsed, counted while no other worker claims from it.
+            free = {q: config.concurrency_of(q) or 0 for q in limited}
+            for queue in limited:
+                free[queue] -= self.store.live_claims(queue)
+            full = [q for q, n in free.items() if n <= 0]
+            for step in self.store.lock_ready_steps(now, served, limit, full):
+                if free.get(step.queue, 1) <= 0:
+                    continue
                 got = self.decide(
-                    step, self.config.lease_ms_for_queue(step.queue), worker or default_worker_id()
+                    step, config.lease_ms_for_queue(step.queue), worker or default_worker_id()
                 )
                 if got is not None:
                     claimed.append(got)
+                    if step.queue in free:
+                        free[step.queue] -= 1
         return claimed

@@ -62,7 +62,9 @@ class InlineSteps:
         self.execution = execution
 
     def create(self, run: WorkflowRun, **fields: Any) -> WorkflowStep:
-        """Insert a step of ``run``; the one stored already if another pass did first."""
+        """Insert a step of ``run`` (with its priority); the one stored already if
+        another pass did first."""
+        fields.setdefault("priority", run.priority)
         try:
             with self.store.atomic():
                 return self.store.steps().create(run_id=run.id, **fields)

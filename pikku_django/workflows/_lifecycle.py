@@ -14,6 +14,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._values import to_json
 from pikku_django.workflows.errors import WorkflowRunNotFoundError, WorkflowRunStateError
@@ -48,9 +49,11 @@ class RunLifecycle:
         *,
         idempotency_key: str | None,
         inline: bool,
+        options: RunOptions | None = None,
     ) -> tuple[WorkflowRun, bool]:
-        """Create a run (or find the one with this idempotency key), due now: the run,
-        and whether this call created it."""
+        """Create a run (or find the one with this idempotency key), due now or at its
+        ``options.start_at``: the run, and whether this call created it."""
+        options = options or RunOptions()
         payload = to_json(input, "The workflow input")
         if idempotency_key is not None and (
             not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 255
@@ -69,7 +72,10 @@ class RunLifecycle:
                     input=payload,
                     inline=inline,
                     idempotency_key=idempotency_key,
-                    wake_at=None if inline else self.clock.now(),
+                    priority=options.priority,
+                    queue=options.queue,
+                    start_at=options.start_at,
+                    wake_at=None if inline else options.due_at(self.clock.now()),
                 )
                 if not inline:
                     self.store.notify()

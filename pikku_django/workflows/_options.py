@@ -24,9 +24,10 @@ def resolve_step_options(
     queued: bool | None = None,
     queue: str | None = None,
     transactional: bool | None = None,
+    run_queue: str = "",
 ) -> StepOptions:
     """How a step calling ``fn`` runs: the call's options, else the registered step's
-    defaults, else the engine's."""
+    defaults, else (for its queue) its run's, else the engine's."""
     definition = registry.get_step(fn)
     callable_: Callable[..., Any] | None
     if definition is not None:
@@ -67,7 +68,7 @@ def resolve_step_options(
     if backoff is None:
         backoff = (definition.backoff if definition else None) or config.step_backoff
     registry.check_backoff(backoff)
-    queue = queue or (definition.queue if definition else None) or "default"
+    queue = queue or (definition.queue if definition else None) or run_queue or "default"
     if transactional is None:
         transactional = bool(definition and definition.transactional)
     return StepOptions(

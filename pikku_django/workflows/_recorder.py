@@ -74,6 +74,7 @@ class StepRecorder:
             queued=queued,
             queue=queue,
             transactional=transactional,
+            run_queue=self.run.queue,
         )
 
     # -- queued steps ----------------------------------------------------------------
@@ -81,7 +82,12 @@ class StepRecorder:
     def queue(self, name: str, options: StepOptions, data: Any) -> WorkflowStep:
         """Store a new queued step: claimed by this pass's claimer (Pause), or scheduled."""
         payload = to_json(data, f"The input of step {name!r}")
-        if self.claimer is not None and self.claimer.takes(options):
+        if (
+            self.claimer is not None
+            and self.claimer.takes(options)
+            # A limited queue's steps are claimed where its limit is counted.
+            and self.config.concurrency_of(options.queue) is None
+        ):
             self.claim_request = (name, options, payload)
             raise Pause(None)
         missing = registry.get_step(options.function) is None
@@ -131,6 +137,7 @@ class StepRecorder:
                     workflow=workflow,
                     input=payload,
                     inline=self.run.inline,
+                    priority=self.run.priority,  # a child step inherits it, as any step
                     wake_at=None if self.run.inline else self.clock.now(),
                 )
                 self.store.steps().filter(id=step.id).update(child_run=child)

@@ -118,6 +118,8 @@ class NewStep:
     backoff: str
     queue: str
     transactional: bool
+    #: Its run's priority (claimed highest first).
+    priority: int = 0
 
     @classmethod
     def of(
@@ -134,6 +136,7 @@ class NewStep:
             backoff=options.backoff,
             queue=options.queue,
             transactional=options.transactional,
+            priority=run.priority,
         )
 
     def columns(self) -> dict[str, Any]:
@@ -149,6 +152,7 @@ class NewStep:
             "backoff": self.backoff,
             "queue": self.queue,
             "transactional": self.transactional,
+            "priority": self.priority,
         }
 
 

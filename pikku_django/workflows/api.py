@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from pikku_django.models import WorkflowRun
+from pikku_django.workflows.durations import Duration
 from pikku_django.workflows.engine import WorkflowEngine
 
 _lock = threading.Lock()
@@ -37,13 +39,35 @@ def start_workflow(
     *,
     idempotency_key: str | None = None,
     inline: bool = False,
+    priority: int | None = None,
+    queue: str | None = None,
+    start_at: datetime | None = None,
+    delay: Duration | None = None,
 ) -> WorkflowRun:
     """Start a run of ``workflow`` (its name or decorated function) and return it.
 
-    The same ``idempotency_key`` for the same workflow returns the existing run.
-    ``inline=True`` runs the whole workflow in this process before returning.
+    The same ``idempotency_key`` for the same workflow returns the existing run
+    (the other arguments are then ignored). ``inline=True`` runs the whole workflow
+    in this process before returning. Each of these overrides the default given
+    to ``@workflow(...)``:
+
+    - ``priority``: -100 to 100 (default 0), higher first; the run's passes and its
+      steps are claimed highest priority first, first in first out within one.
+    - ``queue``: the queue of the run's steps that name none (neither in
+      ``ctx.do(..., queue=...)`` nor ``@step(queue=...)``); default ``"default"``.
+    - ``start_at`` (a timezone-aware datetime) or ``delay`` (seconds, a timedelta
+      or text like ``"10min"``), not both: no worker passes the run before then.
     """
-    return get_engine().start(workflow, input, idempotency_key=idempotency_key, inline=inline)
+    return get_engine().start(
+        workflow,
+        input,
+        idempotency_key=idempotency_key,
+        inline=inline,
+        priority=priority,
+        queue=queue,
+        start_at=start_at,
+        delay=delay,
+    )
 
 
 def resume_workflow(run_id: uuid.UUID | str, data: Any = None) -> WorkflowRun:

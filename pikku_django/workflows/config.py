@@ -12,6 +12,7 @@ from django.dispatch import receiver
 
 from pikku_django.conf import pikku_settings
 from pikku_django.workflows.durations import parse_duration
+from pikku_django.workflows.queues import QueueSettings, parse_queues
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class EngineConfig:
     step_backoff: str = "fixed"
     step_lease_ms: int = 60_000
     queue_lease_ms: MappingProxyType[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    #: The queues declared in ``PIKKU["QUEUES"]`` (``QUEUE_LEASE_MS`` folded in).
+    queues: MappingProxyType[str, QueueSettings] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
     run_lease_ms: int = 30_000
     run_pass_timeout: float = 300.0
     notify: bool = True
@@ -41,6 +46,7 @@ class EngineConfig:
     def from_settings(cls, **overrides: Any) -> EngineConfig:
         """The values of ``settings.PIKKU`` (with ``overrides`` on top)."""
         s = pikku_settings
+        queues = parse_queues(s.QUEUES, s.QUEUE_LEASE_MS)
         values: dict[str, Any] = {
             "database": s.WORKFLOW_DATABASE,
             "step_retries": int(s.STEP_RETRIES),
@@ -48,8 +54,9 @@ class EngineConfig:
             "step_backoff": str(s.STEP_BACKOFF),
             "step_lease_ms": int(s.STEP_LEASE_MS),
             "queue_lease_ms": MappingProxyType(
-                {str(k): int(v) for k, v in (s.QUEUE_LEASE_MS or {}).items()}
+                {q.name: q.lease_ms for q in queues.values() if q.lease_ms is not None}
             ),
+            "queues": MappingProxyType(queues),
             "run_lease_ms": int(s.RUN_LEASE_MS),
             "run_pass_timeout": float(s.RUN_PASS_TIMEOUT),
             "notify": bool(s.WORKER_NOTIFY),
@@ -62,7 +69,15 @@ class EngineConfig:
 
     def lease_ms_for_queue(self, queue: str) -> int:
         """The step lease of ``queue``: its own, or the default."""
+        declared = self.queues.get(queue)
+        if declared is not None and declared.lease_ms is not None:
+            return declared.lease_ms
         return int(self.queue_lease_ms.get(queue, self.step_lease_ms))
+
+    def concurrency_of(self, queue: str) -> int | None:
+        """At most how many of ``queue``'s steps run at once (None: no limit)."""
+        declared = self.queues.get(queue)
+        return None if declared is None else declared.concurrency
 
 
 _lock = threading.Lock()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +32,7 @@ from pikku_django.workflows._inline import InlineDriver
 from pikku_django.workflows._inline_steps import InlineSteps
 from pikku_django.workflows._lifecycle import RunLifecycle
 from pikku_django.workflows._replay import Replay
+from pikku_django.workflows._run_options import resolve_run_options
 from pikku_django.workflows._runs import LEASE_TAKEN_RETRY, RunStates
 from pikku_django.workflows._values import (
     CarriedRun,
@@ -45,6 +47,7 @@ from pikku_django.workflows._values import (
 )
 from pikku_django.workflows.clock import Clock
 from pikku_django.workflows.config import EngineConfig, engine_config
+from pikku_django.workflows.durations import Duration
 from pikku_django.workflows.errors import WorkflowNotFoundError
 from pikku_django.workflows.intake import intakes
 from pikku_django.workflows.store import NewRun, WorkflowStore, store_for
@@ -130,25 +133,49 @@ class WorkflowEngine:
         *,
         idempotency_key: str | None = None,
         inline: bool = False,
+        priority: int | None = None,
+        queue: str | None = None,
+        start_at: datetime | None = None,
+        delay: Duration | None = None,
     ) -> WorkflowRun:
         """Create a run (or return the one with this idempotency key) and wake it;
-        ``inline`` runs it to an end in this process first."""
+        ``inline`` runs it to an end in this process first. ``priority``, ``queue``,
+        ``start_at`` and ``delay`` override the workflow's defaults (see
+        :func:`~pikku_django.workflows.start_workflow`)."""
         definition = registry.get_workflow(workflow)
         if definition is None:
             raise WorkflowNotFoundError(
                 f"No workflow is registered as {workflow!r}. Registered: "
                 f"{', '.join(registry.workflow_names()) or 'none'}"
             )
+        options = resolve_run_options(
+            definition,
+            self.clock.now(),
+            priority=priority,
+            queue=queue,
+            start_at=start_at,
+            delay=delay,
+            inline=inline,
+        )
         run, created = self._lifecycle.start(
-            definition, input, idempotency_key=idempotency_key, inline=inline
+            definition, input, idempotency_key=idempotency_key, inline=inline, options=options
         )
         return self.drive_inline(run.id) if inline and created else run
 
     def create_runs(self, runs: Sequence[NewRun]) -> list[uuid.UUID]:
-        """Create runs of registered workflows, due now, in the caller's transaction
-        (for intakes): each one's id, the existing run's where its key is taken.
-        Each input must already be plain JSON."""
-        return self.store.create_runs(runs, self.clock.now())
+        """Create runs of registered workflows, due now (or after their workflow's
+        delay) with its priority and queue, in the caller's transaction (for
+        intakes): each one's id, the existing run's where its key is taken. Each
+        input must already be plain JSON."""
+        now = self.clock.now()
+        return self.store.create_runs([self._with_defaults(new, now) for new in runs], now)
+
+    @staticmethod
+    def _with_defaults(new: NewRun, now: datetime) -> NewRun:
+        definition = registry.get_workflow(new.workflow)
+        if definition is None or new.options is not None:
+            return new
+        return replace(new, options=resolve_run_options(definition, now))
 
     def create_run(
         self, workflow: str, payload: Any, *, idempotency_key: str | None = None

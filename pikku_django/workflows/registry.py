@@ -26,12 +26,22 @@ _steps: dict[str, StepDefinition] = {}
 _prefixes: dict[str, Callable[[str], WorkflowDefinition | None]] = {}
 
 
+#: The range of a run's priority (that of ``django.tasks``): higher is claimed first.
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+
+
 @dataclass(frozen=True)
 class WorkflowDefinition:
-    """A registered workflow: ``fn(ctx, input)`` replayed on each orchestration pass."""
+    """A registered workflow: ``fn(ctx, input)`` replayed on each orchestration pass,
+    with the run options its runs start with unless ``start_workflow`` names them."""
 
     name: str
     fn: Callable[..., Any]
+    priority: int = 0
+    #: The queue of its runs' steps that name none (None: the default queue).
+    queue: str | None = None
+    #: Seconds after a start that a run's first pass may be claimed (None: at once).
+    delay: float | None = None
     #: A cron expression that starts a run on each tick (see pikku_django.schedules).
     schedule: str | None = None
     #: The time zone ``schedule`` is read in (None: PIKKU['SCHEDULE_TIMEZONE']).
@@ -98,7 +108,13 @@ def _register(table: dict[str, Any], name: str, definition: Any, what: str) -> N
 def workflow(fn: F, /) -> F: ...
 @overload
 def workflow(
-    *, name: str | None = None, schedule: str | None = None, timezone: str | None = None
+    *,
+    name: str | None = None,
+    priority: int = 0,
+    queue: str | None = None,
+    delay: Duration | None = None,
+    schedule: str | None = None,
+    timezone: str | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -107,16 +123,25 @@ def workflow(
     /,
     *,
     name: str | None = None,
+    priority: int = 0,
+    queue: str | None = None,
+    delay: Duration | None = None,
     schedule: str | None = None,
     timezone: str | None = None,
 ) -> Any:
     """Register ``fn(ctx, input)`` as a workflow, under ``name`` or its function name.
 
     The function is replayed from the top on every orchestration pass: anything
-    with side effects belongs in a step (``ctx.do``). ``schedule`` (a cron
-    expression, read in ``timezone``) starts a run on each tick, under the
-    workflow's name as the schedule's name.
+    with side effects belongs in a step (``ctx.do``). ``priority`` (-100 to 100,
+    higher first), ``queue`` (of steps that name none) and ``delay`` (before the
+    first pass may be claimed) are its runs' defaults; ``start_workflow`` may
+    override each. ``schedule`` (a cron expression, read in ``timezone``) starts a
+    run on each tick, under the workflow's name as the schedule's name.
     """
+    check_priority(priority)
+    if queue is not None:
+        check_queue(queue)
+    wait = None if delay is None else check_delay(delay)
     for option, value in (("schedule", schedule), ("timezone", timezone)):
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ImproperlyConfigured(f"workflow {option}= must be a non-empty str, not {value!r}")
@@ -125,7 +150,7 @@ def workflow(
 
     def register(func: F) -> F:
         wf_name = _check_name(name or func.__name__, "workflow")
-        definition = WorkflowDefinition(wf_name, func, schedule, timezone)
+        definition = WorkflowDefinition(wf_name, func, priority, queue, wait, schedule, timezone)
         _register(_workflows, wf_name, definition, "workflow")
         func.__pikku_workflow__ = wf_name  # type: ignore[attr-defined]
         return func
@@ -185,6 +210,35 @@ def check_retries(retries: object) -> int:
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be an int of 0 or more, not {retries!r}")
     return retries
+
+
+def check_priority(priority: object) -> int:
+    """``priority`` if it is an int from -100 to 100; TypeError or ValueError if not."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(
+            f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX}, not {priority!r}"
+        )
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ValueError(
+            f"priority must be from {PRIORITY_MIN} to {PRIORITY_MAX} (higher is claimed "
+            f"first), not {priority}"
+        )
+    return priority
+
+
+def check_queue(queue: object) -> str:
+    """``queue`` if it is a queue name (1 to 100 characters); ValueError if not."""
+    if not isinstance(queue, str) or not 0 < len(queue) <= 100 or queue != queue.strip():
+        raise ValueError(
+            f"A queue name is a str of 1 to 100 characters without surrounding spaces, "
+            f"not {queue!r}"
+        )
+    return queue
+
+
+def check_delay(delay: object) -> float:
+    """``delay`` (seconds, a timedelta or text like "5m") in seconds, 0 or more."""
+    return parse_duration(delay, what="delay")
 
 
 def check_backoff(backoff: object) -> str:

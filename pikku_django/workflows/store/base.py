@@ -19,6 +19,7 @@ from django.db import models
 from django.db.models import QuerySet
 
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._values import NewStep, NextDue, Settled, Wake
 from pikku_django.workflows.config import EngineConfig, engine_config
 
@@ -38,11 +39,17 @@ def columns(model: type[models.Model], names: Sequence[str], quote: Callable[[st
 @dataclass(frozen=True)
 class NewRun:
     """A run handed to the engine to create: a registered workflow's name, its input
-    (plain JSON) and, optionally, the idempotency key that makes it unique."""
+    (plain JSON) and, optionally, the idempotency key that makes it unique and its
+    run options (None: the defaults, due at once)."""
 
     workflow: str
     input: Any
     idempotency_key: str | None = None
+    options: RunOptions | None = None
+
+    @property
+    def run_options(self) -> RunOptions:
+        return self.options or RunOptions()
 
 
 class WorkflowStore(abc.ABC):
@@ -163,10 +170,20 @@ class WorkflowStore(abc.ABC):
 
     @abc.abstractmethod
     def lock_ready_steps(
-        self, now: datetime, queues: Sequence[str], limit: int
+        self, now: datetime, queues: Sequence[str], limit: int, full: Sequence[str] = ()
     ) -> list[WorkflowStep]:
-        """Ready queued steps of running worker runs, locked for the caller's
-        transaction (others skipped), with ``store_now`` (epoch ms) on each."""
+        """Ready queued steps of running worker runs (none of the queues ``full``),
+        in the claim order, locked for the caller's transaction (others skipped),
+        with ``store_now`` (epoch ms) on each."""
+
+    @abc.abstractmethod
+    def limited_claim(self, queues: Sequence[str]) -> AbstractContextManager[Any]:
+        """A transaction in which this caller alone counts and claims the steps of
+        the concurrency-limited ``queues``, across all workers, until it commits."""
+
+    @abc.abstractmethod
+    def live_claims(self, queue: str) -> int:
+        """How many of ``queue``'s steps are claimed under a lease that has not lapsed."""
 
     @abc.abstractmethod
     def ready_steps_of(self, run_ids: Sequence[uuid.UUID], now: datetime) -> list[WorkflowStep]:
@@ -199,5 +216,6 @@ class WorkflowStore(abc.ABC):
 
     @abc.abstractmethod
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
-        """Create ``runs``, due at ``wake_at``, in the caller's transaction: each one's
-        id, which is the existing run's where its idempotency key is taken."""
+        """Create ``runs``, due at ``wake_at`` (or their own later ``start_at``), in the
+        caller's transaction: each one's id, which is the existing run's where its
+        idempotency key is taken."""

@@ -4,14 +4,15 @@ transaction. Vendors override what they do faster or differently."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.models import Exists, F, Max, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
@@ -20,6 +21,21 @@ from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, Wo
 from pikku_django.workflows._values import NewStep, NextDue, Settled, Wake
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.store.base import CHANNEL, NewRun, WorkflowStore
+
+#: The order steps are claimed in: highest priority first, first in first out
+#: within a priority (the pikku_step_claim_order index).
+STEP_CLAIM_ORDER = ("-priority", "id")
+#: The order due runs are passed in: highest priority first, then longest due.
+RUN_CLAIM_ORDER = ("-priority", "wake_at")
+
+
+#: Seconds a claim waits for a limited queue's lock before giving up for this round.
+LIMIT_LOCK_WAIT = 10
+
+
+def queue_lock_name(queue: str) -> str:
+    """The name of the lock a limited queue's claims take (at most 64 characters)."""
+    return "pikku_queue:" + hashlib.sha1(queue.encode(), usedforsecurity=False).hexdigest()
 
 
 def ready(now: datetime) -> Q:
@@ -235,7 +251,7 @@ class OrmStore(WorkflowStore):
             ids = list(
                 self.worker_runs()
                 .filter(wake_at__lte=now)
-                .order_by("wake_at")
+                .order_by(*RUN_CLAIM_ORDER)
                 .select_for_update(skip_locked=True)
                 .values_list("id", flat=True)[:limit]
             )
@@ -251,14 +267,28 @@ class OrmStore(WorkflowStore):
         return steps.filter(queue__in=list(queues)) if queues else steps
 
     def lock_ready_steps(
-        self, now: datetime, queues: Sequence[str], limit: int
+        self, now: datetime, queues: Sequence[str], limit: int, full: Sequence[str] = ()
     ) -> list[WorkflowStep]:
+        steps = self._queued(queues)
+        if full:
+            steps = steps.exclude(queue__in=list(full))
         return list(
-            self._queued(queues)
-            .filter(ready(now), run_id__in=self.worker_runs().values("id"))
-            .order_by("id")
+            steps.filter(ready(now), run_id__in=self.worker_runs().values("id"))
+            .order_by(*STEP_CLAIM_ORDER)
             .select_for_update(skip_locked=True)
             .annotate(store_now=EpochMs())[:limit]
+        )
+
+    def limited_claim(self, queues: Sequence[str]) -> AbstractContextManager[Any]:
+        # Claims are serialised in this process, and the database allows one worker
+        # process (SQLite): the transaction alone is enough.
+        return self.atomic()
+
+    def live_claims(self, queue: str) -> int:
+        return (
+            self._queued([queue])
+            .filter(status=StepStatus.RUNNING, lease_expires_at__gte=EpochMs())
+            .count()
         )
 
     def ready_steps_of(self, run_ids: Sequence[uuid.UUID], now: datetime) -> list[WorkflowStep]:
@@ -266,7 +296,7 @@ class OrmStore(WorkflowStore):
             self._queued(())
             .annotate(store_now=EpochMs())
             .filter(ready(now), run_id__in=list(run_ids))
-            .order_by("id")
+            .order_by(*STEP_CLAIM_ORDER)
         )
 
     def next_due(self, now: datetime, queues: Sequence[str]) -> NextDue:
@@ -320,13 +350,17 @@ class OrmStore(WorkflowStore):
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
         ids = []
         for new in runs:
+            options = new.run_options
             try:
                 with self.atomic():
                     run = self.runs().create(
                         workflow=new.workflow,
                         input=new.input,
                         idempotency_key=new.idempotency_key,
-                        wake_at=wake_at,
+                        priority=options.priority,
+                        queue=options.queue,
+                        start_at=options.start_at,
+                        wake_at=options.due_at(wake_at),
                     )
                 ids.append(run.id)
             except IntegrityError:
@@ -360,6 +394,27 @@ class MysqlStore(OrmStore):
 
     vendor = "mysql"
 
+    @contextlib.contextmanager
+    def limited_claim(self, queues: Sequence[str]) -> Iterator[None]:
+        # A named lock per queue, held until after the claim's transaction commits
+        # (so the next holder counts this claim): GET_LOCK is not transactional.
+        names = [queue_lock_name(q) for q in sorted(set(queues))]
+        taken: list[str] = []
+        with connections[self.using].cursor() as cursor:
+            try:
+                for name in names:
+                    cursor.execute("SELECT GET_LOCK(%s, %s)", [name, LIMIT_LOCK_WAIT])
+                    row = cursor.fetchone()
+                    if not row or row[0] != 1:
+                        raise OperationalError(f"Timed out waiting for the claim lock {name}")
+                    taken.append(name)
+                with self.atomic():
+                    yield
+            finally:
+                for name in reversed(taken):
+                    with contextlib.suppress(Exception):
+                        cursor.execute("SELECT RELEASE_LOCK(%s)", [name])
+
     def as_stored(self, step_id: int, field: str, value: Any) -> Any:
         # MySQL's JSON type reorders keys and normalises numbers; MariaDB keeps the text.
         if value is None or getattr(connections[self.using], "mysql_is_mariadb", False):
@@ -367,4 +422,14 @@ class MysqlStore(OrmStore):
         return self.steps().filter(id=step_id).values_list(field, flat=True).first()
 
 
-__all__ = ["CHANNEL", "MysqlStore", "OrmStore", "SqliteStore", "in_flight", "ready", "waiting"]
+__all__ = [
+    "CHANNEL",
+    "RUN_CLAIM_ORDER",
+    "STEP_CLAIM_ORDER",
+    "MysqlStore",
+    "OrmStore",
+    "SqliteStore",
+    "in_flight",
+    "ready",
+    "waiting",
+]

@@ -7,10 +7,11 @@ per process.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +30,10 @@ from pikku_django.models import (
 from pikku_django.prepared import fetch, fetch_one
 from pikku_django.workflows._values import NewStep, Settled, Wake
 from pikku_django.workflows.store.base import CHANNEL, NewRun, columns
-from pikku_django.workflows.store.orm import OrmStore
+from pikku_django.workflows.store.orm import OrmStore, queue_lock_name
+
+#: The first key of the advisory locks that limited queues' claims take.
+QUEUE_LOCK_SPACE = 0x70696B6B
 
 #: The columns of a new step, as :class:`NewStep` names them.
 NEW_STEP_FIELDS = (
@@ -43,6 +47,7 @@ NEW_STEP_FIELDS = (
     "backoff",
     "queue",
     "transactional",
+    "priority",
 )
 #: Then the columns every insert of a step writes after those.
 STEP_STATE_FIELDS = (
@@ -57,6 +62,7 @@ STEP_STATE_FIELDS = (
 )
 RUN_FIELDS = ("id", "workflow", "status", "input", "output", "error", "suspend_reason")
 RUN_FIELDS_REST = ("inline", "idempotency_key", "wake_at", "wakes", "created_at", "updated_at")
+RUN_OPTION_FIELDS = ("priority", "queue", "start_at")
 
 
 def _q(name: str) -> str:
@@ -126,7 +132,7 @@ def _statements() -> dict[str, str]:
         return _c(att, name)
 
     new_cols = columns(step, NEW_STEP_FIELDS + STEP_STATE_FIELDS, _q)
-    new_vals = "%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s"
+    new_vals = "%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s"
     run_is_running = f"EXISTS (SELECT 1 FROM {RUNS} WHERE {r('id')} = %s AND {r('status')} = %s)"
     conflict = f"ON CONFLICT ({s('run_id')}, {s('name')}) DO NOTHING"
     attempt_cols = columns(att, ("step_id", "attempt", "status", "result", "error"), _q)
@@ -136,7 +142,7 @@ def _statements() -> dict[str, str]:
             f"UPDATE {RUNS} SET {r('wake_at')} = %s WHERE {r('id')} IN ("
             f"SELECT {r('id')} FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
             f"AND NOT {r('inline')} "
-            f"AND {r('wake_at')} <= %s ORDER BY {r('wake_at')} LIMIT %s "
+            f"AND {r('wake_at')} <= %s ORDER BY {r('priority')} DESC, {r('wake_at')} LIMIT %s "
             f"FOR UPDATE SKIP LOCKED) RETURNING {r('id')}"
         ),
         # One statement per shape, so that a generic plan fits each.
@@ -189,10 +195,13 @@ def _statements() -> dict[str, str]:
             f"FROM s JOIN {RUNS} run ON run.{r('id')} = s.run_id"
         ),
         "create_runs": (
-            f"INSERT INTO {RUNS} ({columns(run, RUN_FIELDS + RUN_FIELDS_REST, _q)}) "
-            f"SELECT u, w, %s, i::jsonb, NULL, NULL, '', false, k, %s, 0, %s, %s "
-            f"FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[]) "
-            f"WITH ORDINALITY AS n(u, w, i, k, o) "
+            f"INSERT INTO {RUNS} "
+            f"({columns(run, RUN_FIELDS + RUN_FIELDS_REST + RUN_OPTION_FIELDS, _q)}) "
+            f"SELECT u, w, %s, i::jsonb, NULL, NULL, '', false, k, GREATEST(%s, a), 0, %s, %s, "
+            f"p, q, a "
+            f"FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::smallint[], "
+            f"%s::text[], %s::timestamptz[]) "
+            f"WITH ORDINALITY AS n(u, w, i, k, p, q, a, o) "
             f"ORDER BY o ON CONFLICT ({r('workflow')}, {r('idempotency_key')}) DO NOTHING "
             f"RETURNING {r('id')}"
         ),
@@ -222,6 +231,17 @@ class PostgresStore(OrmStore):
     def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID]:
         rows = fetch(self.using, self._sql("claim_due_runs"), [until, now, limit])
         return [row[0] for row in rows]
+
+    @contextlib.contextmanager
+    def limited_claim(self, queues: Sequence[str]) -> Iterator[None]:
+        # An advisory lock per queue, released when the claim's transaction ends.
+        with self.atomic(), connections[self.using].cursor() as cursor:
+            for queue in sorted(set(queues)):
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                    [QUEUE_LOCK_SPACE, queue_lock_name(queue)],
+                )
+            yield
 
     def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
         if queues:
@@ -369,6 +389,9 @@ class PostgresStore(OrmStore):
             [new.workflow for new in runs],
             [_jsonb(new.input) for new in runs],
             [new.idempotency_key for new in runs],
+            [new.run_options.priority for new in runs],
+            [new.run_options.queue for new in runs],
+            [new.run_options.start_at for new in runs],
         ]
         made = {row[0] for row in fetch(self.using, self._sql("create_runs"), params)}
         if len(made) < len(runs):  # some keys were taken (or repeated): those runs exist
