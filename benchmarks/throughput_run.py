@@ -99,6 +99,8 @@ def clear_peers(systems: list[System]) -> None:
     import psycopg
 
     for system in systems:
+        if system.unavailable() is not None:
+            continue  # not installed: never set up, nothing to clear
         if isinstance(system, Procrastinate):
             with psycopg.connect(autocommit=True, **pg_params(system.url)) as conn:
                 conn.execute("TRUNCATE procrastinate_jobs CASCADE")
@@ -217,7 +219,9 @@ def run_database(
         clear_pikku()
         clear_peers(runnable)
         if do_vacuum:
-            for url in (WORKFLOWS_URL, PROCRASTINATE_URL, DBOS_URL):
+            for url in [WORKFLOWS_URL] + [
+                s.url for s in runnable if isinstance(s, Procrastinate | Dbos)
+            ]:
                 vacuum(url)
         for concurrency in rotated(args.concurrency, r):
             for system in order:
