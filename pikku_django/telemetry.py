@@ -37,7 +37,8 @@ except ImportError as exc:  # pragma: no cover - said to the user at import
         "pikku_django.telemetry needs OpenTelemetry: pip install 'pikku-django[otel]'"
     ) from exc
 
-from pikku_django import __version__, signals
+from pikku_django import signals
+from pikku_django._version import __version__
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from django.db import close_old_connections, connections
 from pikku_django.conf import pikku_settings
 from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError, hold_lease
 from pikku_django.models import RunStatus
+from pikku_django.workflows._heartbeat import WorkerHeartbeats
 from pikku_django.workflows._values import StepOutcome, Wake
 from pikku_django.workflows.engine import CarriedRun, ClaimedStep, StepClaimer, WorkflowEngine
 from pikku_django.workflows.intake import intakes
@@ -83,6 +84,9 @@ class Worker:
         self.shutdown_timeout = shutdown_timeout
         self.notify = notify
         self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.heartbeats = WorkerHeartbeats(
+            self.name, queues=self.queues, concurrency=concurrency, using=engine.using
+        )
         self.stopping = threading.Event()
         self._work = threading.Condition()
         self._idle: set[int] = set()
@@ -126,6 +130,7 @@ class Worker:
                 self.engine.using,
                 "notified" if listener else f"polling every {self.poll_interval:g}s",
             )
+            self.heartbeats.beat(0)
             for t in threads:
                 t.start()
             last_report = last_sweep = time.monotonic()
@@ -138,10 +143,13 @@ class Worker:
                 if time.monotonic() - last_sweep >= self.recovery_interval:
                     last_sweep = time.monotonic()
                     self.recover()
+                if self.heartbeats.due():
+                    self.heartbeats.beat(self.in_flight())
             self.stopping.set()
             if listener is not None:
                 listener.join(timeout=10)
             self._report()
+            self.heartbeats.beat(0, stopping=True)
 
     def stop(self) -> None:
         """Stop claiming; threads finish what they hold, then return."""
@@ -149,6 +157,11 @@ class Worker:
             logger.info("pikku_worker %s stopping: finishing work in flight", self.name)
         self.stopping.set()
         self._wake_all()
+
+    def in_flight(self) -> int:
+        """How many steps this worker holds right now."""
+        with self._lock:
+            return len(self._in_flight)
 
     def hand_back(self) -> int:
         """Give up the steps in flight (their leases lapse now, fenced by attempt)."""

@@ -105,6 +105,7 @@ class Command(BaseCommand):
 
         def hand_back_and_exit() -> None:
             worker.hand_back()
+            worker.heartbeats.beat(0, stopping=True)
             logging.shutdown()
             os._exit(0)  # the threads still running user code cannot be interrupted
 
