@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,6 +12,7 @@ from django.utils import timezone
 from pikku_django.models import RunStatus, StepStatus
 from pikku_django.workflows import registry
 from pikku_django.workflows._dberrors import retrying
+from pikku_django.workflows._events import AttemptInfo
 from pikku_django.workflows._options import retry_delay_for
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._values import (
@@ -130,6 +132,23 @@ class Execution:
             return self._run(claimed, fn, wake)
 
     def _run(self, claimed: ClaimedStep, fn: Callable[..., Any], wake: Wake) -> StepOutcome:
+        events = self.states.events
+        info = events.attempt_info(claimed)
+        events.step_attempt_started(claimed, info)
+        began = time.monotonic()
+        outcome = self._run_signalled(claimed, fn, wake, info, began)
+        if outcome is StepOutcome.SUCCEEDED:
+            events.step_attempt_succeeded(claimed, info, time.monotonic() - began)
+        return outcome
+
+    def _run_signalled(
+        self,
+        claimed: ClaimedStep,
+        fn: Callable[..., Any],
+        wake: Wake,
+        info: AttemptInfo | None,
+        began: float,
+    ) -> StepOutcome:
         what = f"The result of step {claimed.name!r}"
 
         def transaction() -> Settled | None:
@@ -174,6 +193,9 @@ class Execution:
                 logger.warning("%s: its error was not recorded", superseded)
                 return StepOutcome.SUPERSEDED
             logger.info("Step %s attempt %d failed: %s", claimed.name, claimed.attempt, exc)
+            self.states.events.step_attempt_failed(
+                claimed, info, time.monotonic() - began, exc, will_retry=not exhausted
+            )
             return StepOutcome.FAILED if exhausted else StepOutcome.RETRYING
         return StepOutcome.SUCCEEDED
 

@@ -19,6 +19,7 @@ from pikku_django.workflows._values import to_json
 from pikku_django.workflows.errors import WorkflowRunNotFoundError, WorkflowRunStateError
 from pikku_django.workflows.logcontext import workflow_logger
 from pikku_django.workflows.registry import WorkflowDefinition
+from pikku_django.workflows.tracing import current_trace_context
 
 logger = workflow_logger(__name__)
 
@@ -70,7 +71,9 @@ class RunLifecycle:
                     inline=inline,
                     idempotency_key=idempotency_key,
                     wake_at=None if inline else self.clock.now(),
+                    trace_context=current_trace_context(),
                 )
+                self.states.events.run_started(run)
                 if not inline:
                     self.store.notify()
         except IntegrityError:
@@ -132,6 +135,7 @@ class RunLifecycle:
                 if run.status == RunStatus.CANCELLED:
                     return run, False
                 raise WorkflowRunStateError(f"Run {run.id} is {run.status}: it cannot be cancelled")
+            self.states.events.run_finished(run, RunStatus.CANCELLED)
             children = list(
                 self.store.steps()
                 .filter(run_id=run.id, kind=StepKind.CHILD, child_run__isnull=False)

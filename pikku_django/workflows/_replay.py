@@ -87,10 +87,10 @@ class Replay:
             # its wake count), so the run read before the lease is enough.
             if held is None:
                 with self.run_lease(run.id):
-                    claimed = self._pass(run, claimer, steps)
+                    claimed = self._signalled_pass(run, claimer, steps)
             else:
                 held.vouch()
-                claimed = self._pass(run, claimer, steps)
+                claimed = self._signalled_pass(run, claimer, steps)
                 held.vouch()
             self._transient.pop(run.id, None)
         except DatabaseError as exc:
@@ -139,6 +139,18 @@ class Replay:
             self.states.finish(run, RunStatus.FAILED, error=error)
             return
         self.states.wake_soon(run.id, timedelta(seconds=min(2.0 ** ((counted or 1) - 1), 30.0)))
+
+    def _signalled_pass(
+        self,
+        run: WorkflowRun,
+        claimer: StepClaimer | None,
+        steps: dict[str, WorkflowStep] | None,
+    ) -> ClaimedStep | None:
+        self.states.events.run_pass_started(run)
+        try:
+            return self._pass(run, claimer, steps)
+        finally:
+            self.states.events.run_pass_finished(run)
 
     def _pass(
         self,

@@ -12,6 +12,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows.clock import Clock
 from pikku_django.workflows.logcontext import workflow_logger
 from pikku_django.workflows.store import WorkflowStore
@@ -25,9 +26,11 @@ LEASE_TAKEN_RETRY = timedelta(seconds=1)
 class RunStates:
     """Moves runs between statuses; every write is guarded by the status it expects."""
 
-    def __init__(self, store: WorkflowStore, clock: Clock) -> None:
+    def __init__(self, store: WorkflowStore, clock: Clock, events: RunEvents) -> None:
         self.store = store
         self.clock = clock
+        #: The signals sent once a change commits.
+        self.events = events
 
     def wake(self, run_id: uuid.UUID, at: datetime | None = None) -> None:
         """Mark a running run as needing a pass (now, or at ``at``)."""
@@ -97,6 +100,7 @@ class RunStates:
                     self.settle_parents(run.id, status, output, error)
         if changed:
             logger.info("Workflow run %s %s", run.id, status)
+            self.events.run_finished(run, status, error)
 
     def settle_parents(self, child_id: uuid.UUID, status: str, output: Any, error: Any) -> None:
         """A child run ended: settle the parent steps waiting on it and wake their runs."""
@@ -126,6 +130,7 @@ class RunStates:
         )
         if changed:
             logger.info("Workflow run %s suspended: %s", run.id, reason)
+            self.events.run_suspended(run, reason)
 
     def suspend_for_step(self, run: WorkflowRun, step: WorkflowStep) -> None:
         """Suspend the run at ``step`` (a ``ctx.suspend``, or a missing function)."""

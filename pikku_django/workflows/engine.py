@@ -21,11 +21,14 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.models import QuerySet
+from django.utils import timezone
 
+from pikku_django import signals
 from pikku_django.leases import HeldLease, LeaseService, hold_lease
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
 from pikku_django.workflows import registry
 from pikku_django.workflows._claims import Claims
+from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows._execution import Execution
 from pikku_django.workflows._inline import InlineDriver
 from pikku_django.workflows._inline_steps import InlineSteps
@@ -89,7 +92,7 @@ class WorkflowEngine:
         self.clock = clock or Clock()
         settings = lambda: self._config or engine_config()  # noqa: E731
         self.store: WorkflowStore = store_for(self.using, settings)
-        self._states = RunStates(self.store, self.clock)
+        self._states = RunStates(self.store, self.clock, RunEvents(self, self.using))
         self._lifecycle = RunLifecycle(self._states)
         self._claims = Claims(self._states, settings)
         self._execution = Execution(self._states, settings)
@@ -148,7 +151,13 @@ class WorkflowEngine:
         """Create runs of registered workflows, due now, in the caller's transaction
         (for intakes): each one's id, the existing run's where its key is taken.
         Each input must already be plain JSON."""
-        return self.store.create_runs(runs, self.clock.now())
+        before = timezone.now()
+        ids = self.store.create_runs(runs, self.clock.now())
+        if self._states.events.listened(signals.run_started):
+            # The runs made now, not the existing ones whose key was taken.
+            for run in self.runs().filter(id__in=ids, created_at__gte=before):
+                self._states.events.run_started(run)
+        return ids
 
     def create_run(
         self, workflow: str, payload: Any, *, idempotency_key: str | None = None
