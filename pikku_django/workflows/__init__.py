@@ -8,8 +8,9 @@ from pikku_django.workflows.api import (
     start_workflow,
 )
 from pikku_django.workflows.clock import Clock, FakeClock
+from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.context import WorkflowContext
-from pikku_django.workflows.engine import ClaimedStep, WorkflowEngine
+from pikku_django.workflows.engine import ClaimedStep, StepOutcome, Wake, WorkflowEngine
 from pikku_django.workflows.errors import (
     NonDeterministicWorkflowError,
     NotSerializableError,
@@ -22,16 +23,23 @@ from pikku_django.workflows.errors import (
     WorkflowStepLeaseExpiredError,
     WorkflowStepSupersededError,
 )
+from pikku_django.workflows.intake import Intake, register_intake, unregister_intake
 from pikku_django.workflows.registry import step, workflow
+from pikku_django.workflows.store import NewRun
 
 __all__ = [
     "ClaimedStep",
     "Clock",
+    "EngineConfig",
     "FakeClock",
+    "Intake",
+    "NewRun",
     "NonDeterministicWorkflowError",
     "NotSerializableError",
     "StepFailedError",
     "StepFunctionNotFoundError",
+    "StepOutcome",
+    "Wake",
     "WorkflowContext",
     "WorkflowEngine",
     "WorkflowError",
@@ -42,9 +50,11 @@ __all__ = [
     "WorkflowStepSupersededError",
     "cancel_workflow",
     "get_engine",
+    "register_intake",
     "resume_workflow",
     "retry_workflow",
     "start_workflow",
     "step",
+    "unregister_intake",
     "workflow",
 ]
