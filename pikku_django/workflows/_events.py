@@ -21,10 +21,25 @@ from pikku_django.workflows._values import ClaimedStep
 class AttemptInfo:
     """What the step-attempt signals say about the run and the claim."""
 
+    run_id: uuid.UUID
     workflow: str
-    trace_context: Any
+    step: str
+    attempt: int
+    queue: str
     worker: str
     claim_latency: float | None
+    trace_context: Any
+
+    def arguments(self) -> dict[str, Any]:
+        """The arguments every step-attempt signal has."""
+        return {
+            "run_id": self.run_id,
+            "workflow": self.workflow,
+            "step": self.step,
+            "attempt": self.attempt,
+            "queue": self.queue,
+            "worker": self.worker,
+        }
 
 
 STEP_SIGNALS = (
@@ -133,46 +148,55 @@ class RunEvents:
             run = WorkflowRun.objects.using(self.using).filter(id=claimed.run_id)
             found = run.values_list("workflow", "trace_context").first()
             workflow, trace_context = found if found is not None else ("", None)
-            return AttemptInfo(workflow, trace_context, "", None)
+            return AttemptInfo(
+                claimed.run_id,
+                workflow,
+                claimed.name,
+                claimed.attempt,
+                claimed.queue,
+                "",
+                None,
+                trace_context,
+            )
         latency = None
         if (
             claimed.attempt == 1 and row["step__created_at"] is not None
         ):  # later ones wait a retry delay
             latency = max(0.0, (row["started_at"] - row["step__created_at"]).total_seconds())
         return AttemptInfo(
-            row["step__run__workflow"], row["step__run__trace_context"], row["worker"], latency
+            claimed.run_id,
+            row["step__run__workflow"],
+            claimed.name,
+            claimed.attempt,
+            claimed.queue,
+            row["worker"],
+            latency,
+            row["step__run__trace_context"],
         )
 
-    def _attempt(self, claimed: ClaimedStep, info: AttemptInfo) -> dict[str, Any]:
-        return {
-            "run_id": claimed.run_id,
-            "workflow": info.workflow,
-            "step": claimed.name,
-            "attempt": claimed.attempt,
-            "queue": claimed.queue,
-            "worker": info.worker,
-        }
+    def inline_attempt_info(
+        self, run: WorkflowRun, step: str, queue: str, worker: str
+    ) -> AttemptInfo | None:
+        """The first attempt of an inline step, run in the pass (claimed at once)."""
+        if not self.listened(*STEP_SIGNALS):
+            return None
+        return AttemptInfo(run.id, run.workflow, step, 1, queue, worker, 0.0, run.trace_context)
 
-    def step_attempt_started(self, claimed: ClaimedStep, info: AttemptInfo | None) -> None:
+    def step_attempt_started(self, info: AttemptInfo | None) -> None:
         if info is not None:
             self.send(
                 signals.step_attempt_started,
-                **self._attempt(claimed, info),
+                **info.arguments(),
                 claim_latency=info.claim_latency,
                 trace_context=info.trace_context,
             )
 
-    def step_attempt_succeeded(
-        self, claimed: ClaimedStep, info: AttemptInfo | None, duration: float
-    ) -> None:
+    def step_attempt_succeeded(self, info: AttemptInfo | None, duration: float) -> None:
         if info is not None:
-            self.send(
-                signals.step_attempt_succeeded, **self._attempt(claimed, info), duration=duration
-            )
+            self.send(signals.step_attempt_succeeded, **info.arguments(), duration=duration)
 
     def step_attempt_failed(
         self,
-        claimed: ClaimedStep,
         info: AttemptInfo | None,
         duration: float,
         error: BaseException,
@@ -182,7 +206,7 @@ class RunEvents:
         if info is not None:
             self.send(
                 signals.step_attempt_failed,
-                **self._attempt(claimed, info),
+                **info.arguments(),
                 duration=duration,
                 error_type=type(error).__name__,
                 error_message=str(error),

@@ -17,7 +17,7 @@ from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, Wo
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._values import to_json
 from pikku_django.workflows.errors import WorkflowRunNotFoundError, WorkflowRunStateError
-from pikku_django.workflows.logcontext import workflow_logger
+from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.registry import WorkflowDefinition
 from pikku_django.workflows.tracing import current_trace_context
 
@@ -80,7 +80,8 @@ class RunLifecycle:
             if idempotency_key is None:
                 raise
             return runs.get(workflow=definition.name, idempotency_key=idempotency_key), False
-        logger.info("Started workflow %s run %s", definition.name, run.id)
+        with log_context(workflow=run.workflow, run_id=str(run.id)):
+            logger.info("Run started%s", " (inline)" if inline else "")
         return run, True
 
     def resume(self, run_id: uuid.UUID | str, data: Any) -> WorkflowRun:

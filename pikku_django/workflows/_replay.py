@@ -99,8 +99,7 @@ class Replay:
             current = self.store.runs().filter(id=run.id).only("status").first()
             if current is not None and current.status == RunStatus.RUNNING:
                 logger.info(
-                    "Run %s is orchestrated elsewhere (%s); waking it again shortly",
-                    run.id,
+                    "Orchestrated elsewhere (%s); waking the run again shortly",
                     type(exc).__name__,
                 )
                 self.states.wake_soon(run.id)
@@ -119,15 +118,13 @@ class Replay:
                 self._transient.clear()
             delay = min(2.0 ** (tries - 1), 30.0)
             logger.warning(
-                "An orchestration pass of run %s hit a passing database error (%s); "
-                "trying again in %gs",
-                run.id,
+                "The orchestration pass hit a passing database error (%s); trying again in %gs",
                 exc,
                 delay,
             )
             self.states.wake_soon(run.id, timedelta(seconds=delay))
             return
-        logger.exception("An orchestration pass of run %s hit a database error", run.id)
+        logger.exception("The orchestration pass hit a database error")
         counted = self.states.count_pass_error(run.id)
         allowed = self._config().pass_error_tries
         if counted is not None and counted >= allowed:
@@ -148,7 +145,8 @@ class Replay:
     ) -> ClaimedStep | None:
         self.states.events.run_pass_started(run)
         try:
-            return self._pass(run, claimer, steps)
+            with log_context(workflow=run.workflow):
+                return self._pass(run, claimer, steps)
         finally:
             self.states.events.run_pass_finished(run)
 

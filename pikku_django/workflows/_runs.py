@@ -14,13 +14,21 @@ from django.utils import timezone
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows.clock import Clock
-from pikku_django.workflows.logcontext import workflow_logger
+from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.store import WorkflowStore
 
 logger = workflow_logger(__name__)
 
 #: How long a pass whose run lease is held elsewhere waits before trying again.
 LEASE_TAKEN_RETRY = timedelta(seconds=1)
+
+
+def describe_error(error: Any) -> str:
+    """``Type: message`` of a stored error (a dict from serialize_error)."""
+    if not isinstance(error, dict):
+        return str(error)
+    kind, message = error.get("type") or "Error", error.get("message") or ""
+    return f"{kind}: {message}" if message else str(kind)
 
 
 class RunStates:
@@ -99,7 +107,11 @@ class RunStates:
                 if changed:
                     self.settle_parents(run.id, status, output, error)
         if changed:
-            logger.info("Workflow run %s %s", run.id, status)
+            with log_context(workflow=run.workflow, run_id=str(run.id)):
+                if status == RunStatus.FAILED:
+                    logger.warning("Run failed: %s", describe_error(error))
+                else:
+                    logger.info("Run %s", status)
             self.events.run_finished(run, status, error)
 
     def settle_parents(self, child_id: uuid.UUID, status: str, output: Any, error: Any) -> None:
@@ -129,7 +141,8 @@ class RunStates:
             )
         )
         if changed:
-            logger.info("Workflow run %s suspended: %s", run.id, reason)
+            with log_context(workflow=run.workflow, run_id=str(run.id)):
+                logger.info("Run suspended: %s", reason or "(no reason given)")
             self.events.run_suspended(run, reason)
 
     def suspend_for_step(self, run: WorkflowRun, step: WorkflowStep) -> None:

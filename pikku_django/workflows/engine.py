@@ -13,6 +13,7 @@ that lost its claim can never overwrite the attempt that replaced it.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -50,7 +51,10 @@ from pikku_django.workflows.clock import Clock
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.errors import WorkflowNotFoundError
 from pikku_django.workflows.intake import intakes
+from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.store import NewRun, WorkflowStore, store_for
+
+logger = workflow_logger(__name__)
 
 __all__ = [
     "LEASE_TAKEN_RETRY",
@@ -153,9 +157,11 @@ class WorkflowEngine:
         Each input must already be plain JSON."""
         before = timezone.now()
         ids = self.store.create_runs(runs, self.clock.now())
-        if self._states.events.listened(signals.run_started):
+        if self._states.events.listened(signals.run_started) or logger.isEnabledFor(logging.INFO):
             # The runs made now, not the existing ones whose key was taken.
             for run in self.runs().filter(id__in=ids, created_at__gte=before):
+                with log_context(workflow=run.workflow, run_id=str(run.id)):
+                    logger.info("Run started")
                 self._states.events.run_started(run)
         return ids
 
