@@ -89,20 +89,24 @@ def configure_worker_logging(
     """Make pikku_django's records visible on stderr unless the project's ``LOGGING``
     already handles them, at the level ``verbosity`` asks for.
 
-    A ``log_format`` given is set on the handlers the project configured too. ``name``
+    A ``log_format`` given is set on the handlers the project gave the logger; when only
+    the root logger's handlers would show the records, the logger gets its own instead. ``name``
     is the logger to set up (pikku_django's own).
     """
     logger = logging.getLogger(name)
     if verbosity != 1 or logger.level == logging.NOTSET:
         logger.setLevel(level_for(verbosity))
-    handled = logger.handlers or (logger.propagate and logging.getLogger().handlers)
-    if not handled:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(formatter_for(log_format or LogFormat.TEXT))
-        logger.addHandler(handler)
-    elif log_format is not None:
-        for handler in logger.handlers or logging.getLogger().handlers:
-            handler.setFormatter(formatter_for(log_format))
+    if logger.handlers:
+        if log_format is not None:
+            for configured in logger.handlers:
+                configured.setFormatter(formatter_for(log_format))
+        return
+    if logger.propagate and logging.getLogger().handlers and log_format is None:
+        return  # the project's root handlers show the records
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter_for(log_format or LogFormat.TEXT))
+    logger.addHandler(handler)
+    logger.propagate = False  # shown once, here
 
 
 __all__ = ["JsonFormatter", "LogFormat", "configure_worker_logging", "level_for"]
