@@ -1,5 +1,6 @@
 """pikku_django: durable workflows, fenced leases and verified webhook sources for Django."""
 
+from pikku_django._version import __version__
 from pikku_django.leases import (
     HeldLease,
     InMemoryLeaseService,
@@ -11,8 +12,6 @@ from pikku_django.leases import (
     get_lease_service,
     hold_lease,
 )
-
-__version__ = "0.1.0"
 
 _WORKFLOW_API = {
     "start_workflow",

@@ -14,6 +14,8 @@ class PikkuConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from pikku_django import checks, conf  # noqa: F401  (registers checks and signals)
+        from pikku_django.schedules import checks as schedule_checks  # noqa: F401
+        from pikku_django.schedules import intake as schedule_intake
         from pikku_django.tasks import checks as task_checks  # noqa: F401
         from pikku_django.tasks import runner  # noqa: F401  (registers the task workflows)
         from pikku_django.webhooks import dispatch
@@ -22,6 +24,7 @@ class PikkuConfig(AppConfig):
         from pikku_django.workflows.registry import autodiscover as discover_workflows
 
         dispatch.register()  # stored webhook events start their runs on workers
+        schedule_intake.register()  # and so do the due ticks of cron schedules
         discover_workflows()
         discover_sources()
         post_migrate.connect(sync_after_migrate, sender=self)

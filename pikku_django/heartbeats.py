@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from pikku_django._version import __version__
 from pikku_django.models import WorkerHeartbeat
 
 #: A worker not seen for this long is no longer counted as alive.
@@ -54,8 +55,6 @@ def record_heartbeat(
         raise ValueError(f"concurrency must be at least 1, not {concurrency}")
     if running < 0:
         raise ValueError(f"running must not be negative, not {running}")
-    from pikku_django import __version__
-
     moment = now or timezone.now()
     values = {
         "queues": sorted(set(queues)),

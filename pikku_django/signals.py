@@ -15,25 +15,29 @@ added later):
 
 ``run_started``
     ``run_id``, ``workflow``, ``input``, ``parent_run_id`` (None for a top-level run),
-    ``trace_context`` (a dict of W3C trace headers, or None): once, when the run is created.
+    ``trace_context`` (a dict of W3C trace headers, or None): once, when the run is created
+    (by ``start_workflow``, as a child run, or by an intake: webhook events, cron ticks).
 ``run_pass_started`` / ``run_pass_finished``
     ``run_id``, ``workflow``, ``trace_context``; ``run_pass_finished`` adds ``status``
     (the run's status after the pass): around each orchestration pass.
 ``step_attempt_started``
     ``run_id``, ``workflow``, ``step``, ``attempt`` (1 for the first), ``queue``,
-    ``worker``, ``claim_latency`` (seconds from the step being due to its claim, or
-    None), ``trace_context``: when a worker has claimed a step and calls its function.
+    ``worker``, ``claim_latency`` (seconds from the step being reached to its first
+    attempt's claim; None for later attempts), ``trace_context``: just before a step's
+    function is called, queued (by a worker) or inline (in the pass).
 ``step_attempt_succeeded``
     ``run_id``, ``workflow``, ``step``, ``attempt``, ``queue``, ``worker``, ``duration``
     (seconds).
 ``step_attempt_failed``
     as ``step_attempt_succeeded``, plus ``error_type``, ``error_message`` and
-    ``will_retry`` (whether another attempt follows).
+    ``will_retry`` (whether another attempt follows); sent once the attempt's result
+    (or error) is stored, fenced by its attempt, so a superseded attempt sends neither.
 ``run_suspended``
     ``run_id``, ``workflow``, ``reason``.
 ``run_finished``
     ``run_id``, ``workflow``, ``status`` (completed, failed or cancelled), ``error_type``
-    (or None), ``duration`` (seconds since the run started).
+    (or None), ``duration`` (seconds since the run started): when a run ends, and for
+    each run ``cancel()`` cancels (its child runs too).
 
 Receivers run in the sender's thread, after the change is committed; an exception
 in a receiver is logged and does not stop the engine (they are sent with

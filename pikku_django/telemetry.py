@@ -13,7 +13,9 @@ OpenTelemetry API, so whatever SDK and exporter the project configures receives:
   ``pikku.queue.depth`` and ``pikku.queue.oldest_age`` (seconds) per queue, read
   from the workflow database when the metrics are collected.
 
-Call :func:`install` once, e.g. in an ``AppConfig.ready()`` after configuring the SDK.
+Call :func:`install` once, e.g. in an ``AppConfig.ready()`` after configuring the SDK:
+from then on each run started stores its caller's trace context, and its child runs
+inherit it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ except ImportError as exc:  # pragma: no cover - said to the user at import
         "pikku_django.telemetry needs OpenTelemetry: pip install 'pikku-django[otel]'"
     ) from exc
 
-from pikku_django import __version__, signals
+from pikku_django import signals
+from pikku_django._version import __version__
+from pikku_django.workflows.tracing import set_trace_context_provider
 
 logger = logging.getLogger(__name__)
 
@@ -287,6 +291,7 @@ def install(
             tracer_provider, meter_provider, using=using, queue_metrics=queue_metrics
         )
         _installed.connect()
+        set_trace_context_provider(current_trace_context)
         return _installed
 
 
@@ -297,6 +302,7 @@ def uninstall() -> None:
         if _installed is not None:
             _installed.disconnect()
             _installed = None
+        set_trace_context_provider(None)
 
 
 __all__ = ["Telemetry", "current_trace_context", "install", "queue_depths", "uninstall"]

@@ -95,6 +95,13 @@ class WorkflowRun(models.Model):
         db_default=0,
         help_text=_("orchestration passes in a row that a data or programming error ended"),
     )
+    trace_context = models.JSONField(
+        _("trace context"),
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("the W3C trace headers of the code that started the run (OpenTelemetry)"),
+    )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,6 +13,7 @@ from django.utils import timezone
 from pikku_django.models import RunStatus, StepStatus
 from pikku_django.workflows import registry
 from pikku_django.workflows._dberrors import retrying
+from pikku_django.workflows._events import AttemptInfo
 from pikku_django.workflows._options import retry_delay_for
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._values import (
@@ -28,7 +31,7 @@ from pikku_django.workflows.errors import (
     WorkflowStepSupersededError,
     serialize_error,
 )
-from pikku_django.workflows.logcontext import log_context, workflow_logger
+from pikku_django.workflows.logcontext import Lazy, log_context, workflow_logger
 
 logger = workflow_logger(__name__)
 
@@ -119,17 +122,48 @@ class Execution:
     def execute_step(self, claimed: ClaimedStep, *, wake: Wake = Wake.NOW) -> StepOutcome:
         """Run a claimed queued step by its registered function."""
         definition = registry.get_step(claimed.function)
-        with log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt):
+        with self._log_context(claimed):
             if definition is None:
                 return self._function_missing(claimed)
             return self._run(claimed, definition.fn, wake)
 
     def execute(self, claimed: ClaimedStep, fn: Callable[..., Any], wake: Wake) -> StepOutcome:
         """Run a claimed step by ``fn`` (an inline step's callable)."""
-        with log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt):
+        with self._log_context(claimed):
             return self._run(claimed, fn, wake)
 
+    def _log_context(self, claimed: ClaimedStep) -> AbstractContextManager[None]:
+        """The step's log fields; its workflow is read only if something is logged."""
+        if claimed.carried is not None:
+            workflow: Any = claimed.carried.run.workflow
+        else:
+            runs = self.store.runs().filter(id=claimed.run_id).values_list("workflow", flat=True)
+            workflow = Lazy(runs.first)
+        return log_context(
+            workflow=workflow,
+            run_id=str(claimed.run_id),
+            step=claimed.name,
+            attempt=claimed.attempt,
+        )
+
     def _run(self, claimed: ClaimedStep, fn: Callable[..., Any], wake: Wake) -> StepOutcome:
+        events = self.states.events
+        info = events.attempt_info(claimed)
+        events.step_attempt_started(info)
+        began = time.monotonic()
+        outcome = self._run_signalled(claimed, fn, wake, info, began)
+        if outcome is StepOutcome.SUCCEEDED:
+            events.step_attempt_succeeded(info, time.monotonic() - began)
+        return outcome
+
+    def _run_signalled(
+        self,
+        claimed: ClaimedStep,
+        fn: Callable[..., Any],
+        wake: Wake,
+        info: AttemptInfo | None,
+        began: float,
+    ) -> StepOutcome:
         what = f"The result of step {claimed.name!r}"
 
         def transaction() -> Settled | None:
@@ -173,7 +207,15 @@ class Execution:
             except WorkflowStepSupersededError as superseded:
                 logger.warning("%s: its error was not recorded", superseded)
                 return StepOutcome.SUPERSEDED
-            logger.info("Step %s attempt %d failed: %s", claimed.name, claimed.attempt, exc)
+            (logger.info if not exhausted else logger.warning)(
+                "Step failed with %s: %s (%s)",
+                type(exc).__name__,
+                exc,
+                "no attempts left" if exhausted else "will retry",
+            )
+            self.states.events.step_attempt_failed(
+                info, time.monotonic() - began, exc, will_retry=not exhausted
+            )
             return StepOutcome.FAILED if exhausted else StepOutcome.RETRYING
         return StepOutcome.SUCCEEDED
 

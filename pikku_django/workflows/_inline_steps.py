@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -140,7 +141,11 @@ class InlineSteps:
 
         stored: tuple[int, Any] | None = None
         ran = False  # the function returned, but its outcome was not stored
-        with log_context(run_id=str(run.id), step=name, attempt=1):
+        events = self.states.events
+        info = events.inline_attempt_info(run, name, options.queue, worker)
+        began = time.monotonic()
+        events.step_attempt_started(info)
+        with log_context(workflow=run.workflow, run_id=str(run.id), step=name, attempt=1):
             try:
                 # The function gets a copy: the input is stored as it was given.
                 if options.transactional:
@@ -155,6 +160,7 @@ class InlineSteps:
                     stored = succeeded(result)
                 if stored is not None:
                     step_id, as_stored = stored
+                    events.step_attempt_succeeded(info, time.monotonic() - began)
                     return WorkflowStep(
                         id=step_id,
                         **new.columns(),
@@ -188,7 +194,15 @@ class InlineSteps:
                     worker=worker,
                     started_at=started,
                 )
-                logger.info("Step %s attempt 1 failed: %s", name, exc)
+                (logger.warning if exhausted else logger.info)(
+                    "Step failed with %s: %s (%s)",
+                    type(exc).__name__,
+                    exc,
+                    "no attempts left" if exhausted else "will retry",
+                )
+                events.step_attempt_failed(
+                    info, time.monotonic() - began, exc, will_retry=not exhausted
+                )
         step = self.store.steps().filter(run_id=run.id, name=name).first()
         if step is None:
             logger.info("Run %s stopped running during step %s: outcome not stored", run.id, name)

@@ -18,8 +18,9 @@ from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._values import to_json
 from pikku_django.workflows.errors import WorkflowRunNotFoundError, WorkflowRunStateError
-from pikku_django.workflows.logcontext import workflow_logger
+from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.registry import WorkflowDefinition
+from pikku_django.workflows.tracing import current_trace_context
 
 logger = workflow_logger(__name__)
 
@@ -76,14 +77,17 @@ class RunLifecycle:
                     queue=options.queue,
                     start_at=options.start_at,
                     wake_at=None if inline else options.due_at(self.clock.now()),
+                    trace_context=current_trace_context(),
                 )
+                self.states.events.run_started(run)
                 if not inline:
                     self.store.notify()
         except IntegrityError:
             if idempotency_key is None:
                 raise
             return runs.get(workflow=definition.name, idempotency_key=idempotency_key), False
-        logger.info("Started workflow %s run %s", definition.name, run.id)
+        with log_context(workflow=run.workflow, run_id=str(run.id)):
+            logger.info("Run started%s", " (inline)" if inline else "")
         return run, True
 
     def resume(self, run_id: uuid.UUID | str, data: Any) -> WorkflowRun:
@@ -138,6 +142,7 @@ class RunLifecycle:
                 if run.status == RunStatus.CANCELLED:
                     return run, False
                 raise WorkflowRunStateError(f"Run {run.id} is {run.status}: it cannot be cancelled")
+            self.states.events.run_finished(run, RunStatus.CANCELLED)
             children = list(
                 self.store.steps()
                 .filter(run_id=run.id, kind=StepKind.CHILD, child_run__isnull=False)

@@ -139,7 +139,9 @@ class StepRecorder:
                     inline=self.run.inline,
                     priority=self.run.priority,  # a child step inherits it, as any step
                     wake_at=None if self.run.inline else self.clock.now(),
+                    trace_context=self.run.trace_context,
                 )
+                self.states.events.run_started(child, parent_run_id=self.run.id)
                 self.store.steps().filter(id=step.id).update(child_run=child)
                 step.child_run_id = child.id
                 self.store.attempts().get_or_create(step_id=step.id, attempt=1)

@@ -87,10 +87,10 @@ class Replay:
             # its wake count), so the run read before the lease is enough.
             if held is None:
                 with self.run_lease(run.id):
-                    claimed = self._pass(run, claimer, steps)
+                    claimed = self._signalled_pass(run, claimer, steps)
             else:
                 held.vouch()
-                claimed = self._pass(run, claimer, steps)
+                claimed = self._signalled_pass(run, claimer, steps)
                 held.vouch()
             self._transient.pop(run.id, None)
         except DatabaseError as exc:
@@ -99,8 +99,7 @@ class Replay:
             current = self.store.runs().filter(id=run.id).only("status").first()
             if current is not None and current.status == RunStatus.RUNNING:
                 logger.info(
-                    "Run %s is orchestrated elsewhere (%s); waking it again shortly",
-                    run.id,
+                    "Orchestrated elsewhere (%s); waking the run again shortly",
                     type(exc).__name__,
                 )
                 self.states.wake_soon(run.id)
@@ -119,15 +118,13 @@ class Replay:
                 self._transient.clear()
             delay = min(2.0 ** (tries - 1), 30.0)
             logger.warning(
-                "An orchestration pass of run %s hit a passing database error (%s); "
-                "trying again in %gs",
-                run.id,
+                "The orchestration pass hit a passing database error (%s); trying again in %gs",
                 exc,
                 delay,
             )
             self.states.wake_soon(run.id, timedelta(seconds=delay))
             return
-        logger.exception("An orchestration pass of run %s hit a database error", run.id)
+        logger.exception("The orchestration pass hit a database error")
         counted = self.states.count_pass_error(run.id)
         allowed = self._config().pass_error_tries
         if counted is not None and counted >= allowed:
@@ -139,6 +136,19 @@ class Replay:
             self.states.finish(run, RunStatus.FAILED, error=error)
             return
         self.states.wake_soon(run.id, timedelta(seconds=min(2.0 ** ((counted or 1) - 1), 30.0)))
+
+    def _signalled_pass(
+        self,
+        run: WorkflowRun,
+        claimer: StepClaimer | None,
+        steps: dict[str, WorkflowStep] | None,
+    ) -> ClaimedStep | None:
+        self.states.events.run_pass_started(run)
+        try:
+            with log_context(workflow=run.workflow):
+                return self._pass(run, claimer, steps)
+        finally:
+            self.states.events.run_pass_finished(run)
 
     def _pass(
         self,

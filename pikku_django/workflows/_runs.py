@@ -12,8 +12,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows.clock import Clock
-from pikku_django.workflows.logcontext import workflow_logger
+from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.store import WorkflowStore
 
 logger = workflow_logger(__name__)
@@ -22,12 +23,22 @@ logger = workflow_logger(__name__)
 LEASE_TAKEN_RETRY = timedelta(seconds=1)
 
 
+def describe_error(error: Any) -> str:
+    """``Type: message`` of a stored error (a dict from serialize_error)."""
+    if not isinstance(error, dict):
+        return str(error)
+    kind, message = error.get("type") or "Error", error.get("message") or ""
+    return f"{kind}: {message}" if message else str(kind)
+
+
 class RunStates:
     """Moves runs between statuses; every write is guarded by the status it expects."""
 
-    def __init__(self, store: WorkflowStore, clock: Clock) -> None:
+    def __init__(self, store: WorkflowStore, clock: Clock, events: RunEvents) -> None:
         self.store = store
         self.clock = clock
+        #: The signals sent once a change commits.
+        self.events = events
 
     def wake(self, run_id: uuid.UUID, at: datetime | None = None) -> None:
         """Mark a running run as needing a pass (now, or at ``at``)."""
@@ -96,7 +107,12 @@ class RunStates:
                 if changed:
                     self.settle_parents(run.id, status, output, error)
         if changed:
-            logger.info("Workflow run %s %s", run.id, status)
+            with log_context(workflow=run.workflow, run_id=str(run.id)):
+                if status == RunStatus.FAILED:
+                    logger.warning("Run failed: %s", describe_error(error))
+                else:
+                    logger.info("Run %s", status)
+            self.events.run_finished(run, status, error)
 
     def settle_parents(self, child_id: uuid.UUID, status: str, output: Any, error: Any) -> None:
         """A child run ended: settle the parent steps waiting on it and wake their runs."""
@@ -125,7 +141,9 @@ class RunStates:
             )
         )
         if changed:
-            logger.info("Workflow run %s suspended: %s", run.id, reason)
+            with log_context(workflow=run.workflow, run_id=str(run.id)):
+                logger.info("Run suspended: %s", reason or "(no reason given)")
+            self.events.run_suspended(run, reason)
 
     def suspend_for_step(self, run: WorkflowRun, step: WorkflowStep) -> None:
         """Suspend the run at ``step`` (a ``ctx.suspend``, or a missing function)."""

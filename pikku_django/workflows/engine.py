@@ -13,6 +13,7 @@ that lost its claim can never overwrite the attempt that replaced it.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -22,11 +23,14 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.models import QuerySet
+from django.utils import timezone
 
+from pikku_django import signals
 from pikku_django.leases import HeldLease, LeaseService, hold_lease
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
 from pikku_django.workflows import registry
 from pikku_django.workflows._claims import Claims
+from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows._execution import Execution
 from pikku_django.workflows._inline import InlineDriver
 from pikku_django.workflows._inline_steps import InlineSteps
@@ -50,7 +54,10 @@ from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.durations import Duration
 from pikku_django.workflows.errors import WorkflowNotFoundError
 from pikku_django.workflows.intake import intakes
+from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.store import NewRun, WorkflowStore, store_for
+
+logger = workflow_logger(__name__)
 
 __all__ = [
     "LEASE_TAKEN_RETRY",
@@ -92,7 +99,7 @@ class WorkflowEngine:
         self.clock = clock or Clock()
         settings = lambda: self._config or engine_config()  # noqa: E731
         self.store: WorkflowStore = store_for(self.using, settings)
-        self._states = RunStates(self.store, self.clock)
+        self._states = RunStates(self.store, self.clock, RunEvents(self, self.using))
         self._lifecycle = RunLifecycle(self._states)
         self._claims = Claims(self._states, settings)
         self._execution = Execution(self._states, settings)
@@ -167,8 +174,16 @@ class WorkflowEngine:
         delay) with its priority and queue, in the caller's transaction (for
         intakes): each one's id, the existing run's where its key is taken. Each
         input must already be plain JSON."""
+        before = timezone.now()
         now = self.clock.now()
-        return self.store.create_runs([self._with_defaults(new, now) for new in runs], now)
+        ids = self.store.create_runs([self._with_defaults(new, now) for new in runs], now)
+        if self._states.events.listened(signals.run_started) or logger.isEnabledFor(logging.INFO):
+            # The runs made now, not the existing ones whose key was taken.
+            for run in self.runs().filter(id__in=ids, created_at__gte=before):
+                with log_context(workflow=run.workflow, run_id=str(run.id)):
+                    logger.info("Run started")
+                self._states.events.run_started(run)
+        return ids
 
     @staticmethod
     def _with_defaults(new: NewRun, now: datetime) -> NewRun:

@@ -13,15 +13,17 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
+from pikku_django._version import __version__
 from pikku_django.conf import pikku_settings
 from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError, hold_lease
 from pikku_django.models import RunStatus
+from pikku_django.workflows._heartbeat import WorkerHeartbeats
+from pikku_django.workflows._listen import listen_for_work
 from pikku_django.workflows._values import StepOutcome, Wake
 from pikku_django.workflows.engine import CarriedRun, ClaimedStep, StepClaimer, WorkflowEngine
 from pikku_django.workflows.intake import intakes
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.step_lease import keep_step_lease
-from pikku_django.workflows.store import CHANNEL
 
 logger = workflow_logger(__name__)
 
@@ -83,6 +85,9 @@ class Worker:
         self.shutdown_timeout = shutdown_timeout
         self.notify = notify
         self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.heartbeats = WorkerHeartbeats(
+            self.name, queues=self.queues, concurrency=concurrency, using=engine.using
+        )
         self.stopping = threading.Event()
         self._work = threading.Condition()
         self._idle: set[int] = set()
@@ -118,14 +123,8 @@ class Worker:
                     target=self._listen, name="pikku-worker-listen", daemon=True
                 )
                 listener.start()
-            logger.info(
-                "pikku_worker %s: %d thread(s), queues %s, database %r (%s)",
-                self.name,
-                self.concurrency,
-                ", ".join(self.queues) or "all",
-                self.engine.using,
-                "notified" if listener else f"polling every {self.poll_interval:g}s",
-            )
+            logger.info("%s", self.describe(notified=listener is not None))
+            self.heartbeats.beat(0)
             for t in threads:
                 t.start()
             last_report = last_sweep = time.monotonic()
@@ -138,10 +137,25 @@ class Worker:
                 if time.monotonic() - last_sweep >= self.recovery_interval:
                     last_sweep = time.monotonic()
                     self.recover()
+                if self.heartbeats.due():
+                    self.heartbeats.beat(self.in_flight())
             self.stopping.set()
             if listener is not None:
                 listener.join(timeout=10)
             self._report()
+            self.heartbeats.beat(0, stopping=True)
+            logger.info("pikku_worker %s stopped", self.name)
+
+    def describe(self, *, notified: bool) -> str:
+        """The start-up line: version, database, queues, concurrency and leases."""
+        config, store = self.engine.config, self.engine.store
+        return (
+            f"pikku_worker {__version__} {self.name} started: database {self.engine.using!r} "
+            f"({store.vendor}, {'notified, ' if notified else ''}polling every "
+            f"{self.poll_interval:g}s), queues {', '.join(self.queues) or 'all'}, "
+            f"concurrency {self.concurrency}, leases {type(self.engine.leases).__name__} "
+            f"(run {config.run_lease_ms} ms, step {config.step_lease_ms} ms)"
+        )
 
     def stop(self) -> None:
         """Stop claiming; threads finish what they hold, then return."""
@@ -149,6 +163,11 @@ class Worker:
             logger.info("pikku_worker %s stopping: finishing work in flight", self.name)
         self.stopping.set()
         self._wake_all()
+
+    def in_flight(self) -> int:
+        """How many steps this worker holds right now."""
+        with self._lock:
+            return len(self._in_flight)
 
     def hand_back(self) -> int:
         """Give up the steps in flight (their leases lapse now, fenced by attempt)."""
@@ -455,38 +474,10 @@ class Worker:
             "next_wake_at": waiting.order_by("wake_at").values_list("wake_at", flat=True).first(),
         }
 
-    # -- PostgreSQL LISTEN/NOTIFY ------------------------------------------------------------
-
     def _listen(self) -> None:
-        template = connections[self.engine.using]
-        payloads = {i.notify_payload for i in intakes() if i.notify_payload}
-        while not self.stopping.is_set():
-            conn = type(template)(template.settings_dict, self.engine.using)
-            try:
-                conn.ensure_connection()
-                raw = conn.connection
-                raw.autocommit = True
-                raw.execute(f"LISTEN {CHANNEL}")
-                while not self.stopping.is_set():
-                    for notice in raw.notifies(timeout=1.0, stop_after=1):
-                        if notice.payload in payloads:
-                            self._intake_waiting.set()
-                        self._wake_all()
-            except Exception:
-                if self.stopping.is_set():
-                    return
-                logger.warning(
-                    "LISTEN %s failed; reconnecting in %gs",
-                    CHANNEL,
-                    self.poll_interval,
-                    exc_info=True,
-                )
-                self.stopping.wait(self.poll_interval)
-            finally:
-                try:
-                    conn.close()
-                except Exception:
-                    logger.debug("closing the LISTEN connection failed", exc_info=True)
+        listen_for_work(
+            self.engine, self.stopping, self._intake_waiting, self._wake_all, self.poll_interval
+        )
 
 
 #: The progress counter each outcome of a claimed step adds to.

@@ -1,4 +1,5 @@
-"""``manage.py pikku_prune --older-than 30d``: delete settled runs and old webhook receipts."""
+"""``manage.py pikku_prune --older-than 30d``: delete settled runs, old webhook receipts and
+the heartbeats of workers long gone."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from pikku_django.conf import pikku_settings
-from pikku_django.models import TERMINAL_RUN_STATUSES, WebhookReceipt, WorkflowRun, WorkflowStep
+from pikku_django.heartbeats import prune_heartbeats
+from pikku_django.models import (
+    TERMINAL_RUN_STATUSES,
+    WebhookReceipt,
+    WorkerHeartbeat,
+    WorkflowRun,
+    WorkflowStep,
+)
 from pikku_django.schema import require_migrated
 from pikku_django.workflows.durations import parse_duration
 
@@ -22,8 +30,9 @@ class Command(BaseCommand):
     help = (
         "Delete settled workflow runs (completed, failed or cancelled, with their steps and "
         "attempts) last changed longer ago than --older-than, and webhook receipts received "
-        "before then, in batches. Running and suspended runs, and runs a live parent still "
-        "waits on, are kept. Use --dry-run to see the counts first."
+        "before then, in batches, and the heartbeat rows of workers not seen since then. "
+        "Running and suspended runs, and runs a live parent still waits on, are kept. Use "
+        "--dry-run to see the counts first."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -54,7 +63,8 @@ class Command(BaseCommand):
         if batch < 1:
             raise CommandError("--batch-size must be at least 1")
         using = options["database"] or pikku_settings.WORKFLOW_DATABASE
-        cutoff = timezone.now() - timedelta(seconds=age)
+        now = timezone.now()
+        cutoff = now - timedelta(seconds=age)
         runs = (
             WorkflowRun.objects.using(using)
             .filter(status__in=TERMINAL_RUN_STATUSES, updated_at__lt=cutoff)
@@ -71,10 +81,12 @@ class Command(BaseCommand):
             .filter(received_at__lt=cutoff)
             .exclude(run__isnull=True, input__isnull=False)
         )
+        workers = WorkerHeartbeat.objects.using(using).filter(seen_at__lt=cutoff)
         if options["dry_run"]:
             self.stdout.write(
                 f"Would delete {runs.count()} settled runs and {receipts.count()} webhook "
-                f"receipts older than {cutoff:%Y-%m-%d %H:%M:%S %Z}."
+                f"receipts older than {cutoff:%Y-%m-%d %H:%M:%S %Z}.\n"
+                f"Would delete {workers.count()} heartbeats of workers not seen since then."
             )
             return
         deleted_runs = self._in_batches(runs, batch, using, "runs")
@@ -85,6 +97,8 @@ class Command(BaseCommand):
                 f"older than {cutoff:%Y-%m-%d %H:%M:%S %Z}."
             )
         )
+        gone = prune_heartbeats(timedelta(seconds=age), using=using, now=now)
+        self.stdout.write(f"Deleted {gone} heartbeats of workers not seen since then.")
 
     def _in_batches(self, queryset: Any, batch: int, using: str, what: str) -> int:
         total = 0

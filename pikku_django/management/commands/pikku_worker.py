@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from pikku_django.conf import pikku_settings
+from pikku_django.logging import LogFormat, configure_worker_logging
 from pikku_django.schema import require_migrated
 from pikku_django.workflows.engine import WorkflowEngine
 from pikku_django.workflows.worker import Worker
@@ -25,7 +26,10 @@ class Command(BaseCommand):
         "threads, until stopped with SIGTERM or Ctrl-C (work in flight is finished, or "
         "handed back to other workers on a second signal). Workers claim work from the "
         "database, so any number may run side by side on PostgreSQL or MariaDB; on SQLite "
-        "run one. Defaults come from settings.PIKKU."
+        "run one. Due ticks of cron schedules start their runs in any worker. It logs a "
+        "start-up line, each run started, failed step and finished run, and each signal, "
+        "to stderr unless settings.LOGGING handles the pikku_django logger; -v 2 adds "
+        "debug lines, -v 0 keeps warnings only. Defaults come from settings.PIKKU."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -71,6 +75,13 @@ class Command(BaseCommand):
             help="The DATABASES alias holding workflows (default: PIKKU['WORKFLOW_DATABASE']).",
         )
         parser.add_argument(
+            "--log-format",
+            choices=[f.value for f in LogFormat],
+            default=None,
+            help="Log lines as text (the default) or as one JSON object a line; also set on "
+            "the handlers settings.LOGGING gives the pikku_django logger.",
+        )
+        parser.add_argument(
             "--shutdown-timeout",
             type=float,
             default=30.0,
@@ -79,6 +90,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        log_format = options["log_format"]
+        configure_worker_logging(
+            options["verbosity"], LogFormat(log_format) if log_format else None
+        )
         require_migrated(options["database"])
         concurrency = options["concurrency"]
         if concurrency is None:
@@ -105,6 +120,7 @@ class Command(BaseCommand):
 
         def hand_back_and_exit() -> None:
             worker.hand_back()
+            worker.heartbeats.beat(0, stopping=True)
             logging.shutdown()
             os._exit(0)  # the threads still running user code cannot be interrupted
 
@@ -112,7 +128,12 @@ class Command(BaseCommand):
             signals["count"] += 1
             name = signal.Signals(signum).name
             if signals["count"] == 1:
-                logger.info("Received %s: finishing work in flight", name)
+                logger.info(
+                    "Received %s: finishing work in flight (up to %gs; %s again hands it back)",
+                    name,
+                    options["shutdown_timeout"],
+                    name,
+                )
                 worker.stop()
                 timer = threading.Timer(options["shutdown_timeout"], hand_back_and_exit)
                 timer.daemon = True
