@@ -8,7 +8,6 @@ tests, on each database, with the framework that is installed (django.tasks on D
 
 from __future__ import annotations
 
-import inspect
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -23,7 +22,6 @@ from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.tasks import PikkuBackend, compat
-from pikku_django.tasks.backend import engine_accepts
 from pikku_django.tasks.compat import (
     InvalidTask,
     TaskResultDoesNotExist,
@@ -31,7 +29,6 @@ from pikku_django.tasks.compat import (
     TaskResultStatus,
     task_backends,
 )
-from pikku_django.workflows import api
 from pikku_django.workflows.api import cancel_workflow, get_engine, reset_engine, start_workflow
 from tests import test_tasks_defs as defs
 from tests.conftest import database_alias, on_databases
@@ -102,37 +99,35 @@ def test_the_configured_backend_is_pikku_on_the_installed_framework() -> None:
     assert backend.supports_async_task is True
 
 
-def test_defer_and_priority_are_declared_as_the_engine_schedules_them() -> None:
-    # Flips to True (and the deferral tests below run) once start_workflow takes
-    # run_after / priority: the engine then promises "not claimed before" and order.
-    params = inspect.signature(api.start_workflow).parameters
+def test_defer_and_priority_are_supported() -> None:
     backend = task_backends["default"]
-    assert backend.supports_defer is ("run_after" in params)
-    assert backend.supports_priority is ("priority" in params)
-    assert PikkuBackend.supports_defer is engine_accepts("run_after")
+    assert backend.supports_defer is True
+    assert backend.supports_priority is True
 
 
 @on_databases(*ALL)
-def test_run_after_defers_the_task_once_the_engine_schedules_by_it(vendor: str, alias: str) -> None:
+def test_run_after_is_not_claimed_before_its_time(vendor: str, alias: str) -> None:
     later = timezone.now() + timedelta(hours=1)
-    if not engine_accepts("run_after"):
-        # Until start_workflow takes run_after, a deferred task is refused, not run early.
-        with pytest.raises(InvalidTask, match="run_after"):
-            defs.add.using(run_after=later)
-        return
     result = defs.add.using(run_after=later).enqueue(1, 2)
     work()
     result.refresh()
     assert result.status == TaskResultStatus.READY
     assert result.attempts == 0
+    run = WorkflowRun.objects.using(alias).get(pk=result.id)
+    assert run.start_at == later
 
 
 @on_databases(*ALL)
-def test_priority_orders_claims_once_the_engine_schedules_by_it(vendor: str, alias: str) -> None:
-    if not engine_accepts("priority"):
-        with pytest.raises(InvalidTask, match="priority"):
-            defs.add.using(priority=10)
-        return
+def test_a_run_after_already_past_runs_at_once(vendor: str, alias: str) -> None:
+    result = defs.add.using(run_after=timezone.now() - timedelta(seconds=1)).enqueue(1, 2)
+    work()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 3
+
+
+@on_databases(*ALL)
+def test_priority_orders_claims(vendor: str, alias: str) -> None:
     low = defs.add.using(priority=-10).enqueue(1)
     high = defs.add.using(priority=10).enqueue(2)
     engine = get_engine()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -37,30 +35,6 @@ class PikkuTask(compat.Task):  # type: ignore[type-arg]
         )
 
 
-class _EngineAccepts:
-    """A capability flag that is True once ``start_workflow`` takes the keyword ``name``."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __get__(self, instance: object, owner: type | None = None) -> bool:
-        from django.apps import apps
-
-        if not apps.ready:
-            # A task declared while apps load is let through here: the engine (which
-            # needs the models) is asked when the task is enqueued, which validates again.
-            return True
-        return engine_accepts(self.name)
-
-
-@functools.cache
-def engine_accepts(keyword: str) -> bool:
-    """Whether ``start_workflow`` (pikku_django's engine) takes ``keyword``."""
-    from pikku_django.workflows import api
-
-    return keyword in inspect.signature(api.start_workflow).parameters
-
-
 class PikkuBackend(compat.BaseTaskBackend):
     """A ``TASKS`` backend whose results are workflow runs (id = the run's id).
 
@@ -71,9 +45,10 @@ class PikkuBackend(compat.BaseTaskBackend):
     task_class = PikkuTask
     supports_async_task = True
     supports_get_result = True
-    #: ``run_after`` and ``priority`` reach the runs once the engine schedules by them.
-    supports_defer = _EngineAccepts("run_after")
-    supports_priority = _EngineAccepts("priority")
+    #: ``run_after`` is the run's ``start_at`` (not claimed before), and ``priority``
+    #: the run's priority (-100..100, higher first), as ``start_workflow`` takes them.
+    supports_defer = True
+    supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -126,12 +101,12 @@ class PikkuBackend(compat.BaseTaskBackend):
             "run_after": task.run_after.isoformat() if task.run_after else None,
             "policy": {k: v for k, v in policy.items() if v is not None},
         }
-        scheduling: dict[str, Any] = {}
-        if engine_accepts("run_after") and task.run_after is not None:
-            scheduling["run_after"] = task.run_after
-        if engine_accepts("priority"):
-            scheduling["priority"] = task.priority
-        run = start_workflow(task_workflow(task.module_path), payload, **scheduling)
+        run = start_workflow(
+            task_workflow(task.module_path),
+            payload,
+            priority=task.priority,
+            start_at=task.run_after,
+        )
         result = TaskRunState(run, None, ()).result(task)
         compat.task_enqueued.send(type(self), task_result=result)
         return result
