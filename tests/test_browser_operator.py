@@ -171,7 +171,15 @@ def test_every_status_badge_passes_aa_in_the_light_and_dark_themes(
 
 
 def click(browser: Any, element_id: str) -> None:
+    """Click a button or link that loads a page, and wait until the new page is there."""
+    from selenium.webdriver.support import expected_conditions
+
+    old_page = browser.find_element(By.TAG_NAME, "html")
     browser.find_element(By.ID, element_id).click()
+    WebDriverWait(browser, 20).until(expected_conditions.staleness_of(old_page))
+    WebDriverWait(browser, 20).until(
+        lambda d: d.execute_script("return document.readyState") == "complete"
+    )
 
 
 def heading_status(browser: Any) -> str:
@@ -218,6 +226,7 @@ def test_an_operator_resumes_cancels_and_retries_from_the_run_page(
     # Cancel, from the same page; "No, take me back" first changes nothing.
     click(browser, "pikku-steer-cancel")
     browser.find_element(By.LINK_TEXT, "No, take me back").click()
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "pikku-steer-cancel"))
     assert WorkflowRun.objects.get(pk=suspended.pk).status == RunStatus.RUNNING
     click(browser, "pikku-steer-cancel")
     click(browser, "pikku-confirm-submit")
