@@ -21,6 +21,8 @@ import pytest
 
 from tests.conftest import require_service
 
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 PG = "postgres://postgres@127.0.0.1:5432"

@@ -20,6 +20,8 @@ from django.utils import timezone
 from pikku_django.workflows.store.postgresql import PostgresStore, _statements
 from tests.conftest import database_alias, db_mark
 
+pytestmark = pytest.mark.once
+
 RUNS, STEPS = 100_000, 1_000_000
 SLEEPING, FAILED = 10_000, 5_000
 #: PostgreSQL JIT-compiles plans above this cost by default (jit_above_cost).

@@ -12,6 +12,8 @@ import pytest
 
 from tests.faultproxy import FaultProxy
 
+pytestmark = pytest.mark.once
+
 
 @pytest.fixture
 def echo() -> Iterator[int]:

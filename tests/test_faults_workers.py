@@ -28,6 +28,8 @@ from tests.faultproxy import FaultProxy
 from tests.test_chaos import problems_in, running_in
 from tests.test_worker import wait_for, worker_process
 
+pytestmark = pytest.mark.once
+
 LEASE_MS = 3_000
 RUNS = 8
 #: The outage the issue asks a worker to live through.
