@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pikku_django.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models import AttemptStatus, RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import WorkflowEngine
 from tests.conftest import database_alias, on_databases
 from tests.test_worker import finish, wait_for, worker_process
@@ -114,7 +114,11 @@ def test_paused_worker_cannot_overwrite_its_successor(vendor: str, tmp_path: Pat
     assert step.result["pid"] == second.pid
     assert run_state(alias, run.id).output["pid"] == second.pid
     history = list(step.attempts.using(alias).order_by("attempt").values_list("status", flat=True))
-    assert history == [StepStatus.RUNNING, StepStatus.SUCCEEDED]
+    # The frozen attempt is closed as superseded when the step is taken from it.
+    assert history == [AttemptStatus.SUPERSEDED, StepStatus.SUCCEEDED]
+    stale = step.attempts.using(alias).get(attempt=1)
+    assert stale.finished_at is not None
+    assert stale.result is None
 
 
 @on_databases("postgres")
