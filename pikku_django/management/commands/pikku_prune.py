@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -11,9 +12,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from pikku_django.conf import pikku_settings
+from pikku_django.leases import get_lease_service
 from pikku_django.models import TERMINAL_RUN_STATUSES, WebhookReceipt, WorkflowRun, WorkflowStep
 from pikku_django.schema import require_migrated
 from pikku_django.workflows.durations import parse_duration
+from pikku_django.workflows.engine import run_lease_key
 
 logger = logging.getLogger("pikku_django.prune")
 
@@ -21,7 +24,8 @@ logger = logging.getLogger("pikku_django.prune")
 class Command(BaseCommand):
     help = (
         "Delete settled workflow runs (completed, failed or cancelled, with their steps and "
-        "attempts) last changed longer ago than --older-than, and webhook receipts received "
+        "attempts and their run leases) last changed longer ago than --older-than, and "
+        "webhook receipts received "
         "before then, in batches. Running and suspended runs, and runs a live parent still "
         "waits on, are kept. Use --dry-run to see the counts first."
     )
@@ -77,7 +81,10 @@ class Command(BaseCommand):
                 f"receipts older than {cutoff:%Y-%m-%d %H:%M:%S %Z}."
             )
             return
-        deleted_runs = self._in_batches(runs, batch, using, "runs")
+        leases = get_lease_service()
+        deleted_runs = self._in_batches(
+            runs, batch, using, "runs", lambda ids: leases.forget([run_lease_key(i) for i in ids])
+        )
         deleted_receipts = self._in_batches(receipts, batch, using, "webhook receipts")
         self.stdout.write(
             self.style.SUCCESS(
@@ -86,7 +93,14 @@ class Command(BaseCommand):
             )
         )
 
-    def _in_batches(self, queryset: Any, batch: int, using: str, what: str) -> int:
+    def _in_batches(
+        self,
+        queryset: Any,
+        batch: int,
+        using: str,
+        what: str,
+        after: Callable[[list[Any]], object] | None = None,
+    ) -> int:
         total = 0
         while True:
             ids = list(queryset.values_list("pk", flat=True)[:batch])
@@ -94,5 +108,9 @@ class Command(BaseCommand):
                 return total
             with transaction.atomic(using=using):
                 queryset.model.objects.using(using).filter(pk__in=ids).delete()
+                if after is not None:
+                    # The run leases of the deleted runs: nothing takes them again. In the
+                    # batch's transaction when they are kept in the same database.
+                    after(ids)
             total += len(ids)
             logger.info("Pruned %d %s so far", total, what)
