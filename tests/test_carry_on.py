@@ -18,7 +18,14 @@ from django.db import connections
 
 from pikku_django.dbclock import store_now_ms
 from pikku_django.leases import InMemoryLeaseService
-from pikku_django.models import AttemptStatus, RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models import (
+    AttemptStatus,
+    RunStatus,
+    StepAttempt,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+)
 from pikku_django.workflows import FakeClock, WorkflowEngine, step, workflow
 from pikku_django.workflows import worker as worker_module
 from pikku_django.workflows.context import WorkflowContext
