@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from statistics import median
 from typing import Any
 
 import pytest
@@ -102,6 +103,8 @@ def test_rows_and_queries_per_pass_do_not_grow_with_the_step(
     queries = [q for _, q in passes]
     # Reading every step would make the last passes read ~200 rows each.
     assert max(rows) <= 3, f"rows of steps read per pass: {rows}"
-    early, late = queries[5:25], queries[-21:-1]
-    assert max(late) <= max(early), f"queries per pass grew: {early} then {late}"
+    early, late = queries[5:45], queries[-41:-1]
+    assert median(late) <= median(early), f"queries per pass grew: {early} then {late}"
+    # A pass that starts a new chain also reads its run and takes the run lease.
+    assert max(queries) <= median(early) + 4, f"queries per pass: {queries}"
     assert sum(rows) <= 3 * len(passes)
