@@ -60,8 +60,6 @@ class StepMemo:
         open_ids: list[int] = []
         max_id = 0
         for step in steps:
-            if step.id is None:
-                continue
             max_id = max(max_id, step.id)
             if step.status == StepStatus.SUCCEEDED:
                 succeeded[step.name] = step
