@@ -18,7 +18,14 @@ from django.db import connections
 
 from pikku_django.dbclock import store_now_ms
 from pikku_django.leases import InMemoryLeaseService
-from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models import (
+    AttemptStatus,
+    RunStatus,
+    StepAttempt,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+)
 from pikku_django.workflows import FakeClock, WorkflowEngine, step, workflow
 from pikku_django.workflows import worker as worker_module
 from pikku_django.workflows.context import WorkflowContext
@@ -197,7 +204,8 @@ def test_a_settle_of_a_replaced_attempt_writes_nothing(engine: WorkflowEngine) -
     row = engine.steps().get(id=first.step_id)
     assert (row.status, row.result, row.lease_expires_at) == (StepStatus.SUCCEEDED, 2, None)
     stale, fresh = engine.attempts().filter(step_id=row.id).order_by("attempt")
-    assert (stale.status, stale.result) == (StepStatus.RUNNING, None)
+    assert (stale.status, stale.result) == (AttemptStatus.SUPERSEDED, None)
+    assert stale.finished_at is not None
     assert (fresh.status, fresh.result) == (StepStatus.SUCCEEDED, 2)
     assert fresh.finished_at is not None
 

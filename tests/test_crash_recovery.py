@@ -1,9 +1,10 @@
-"""Real worker processes killed or paused mid-step, on PostgreSQL.
+"""Real worker processes killed or paused mid-pass or mid-step, on PostgreSQL.
 
-A worker that is SIGKILLed has its step reclaimed as the next attempt once the
-step lease lapses; a worker that was paused past its lease cannot overwrite the
-attempt that replaced it; a transactional step killed mid-transaction leaves no
-partial writes.
+A worker SIGKILLed in the middle of a pass has its run passed again by another
+worker once the run lease lapses. A worker that is SIGKILLed mid-step has its step
+reclaimed as the next attempt once the step lease lapses; a worker that was paused
+past its lease cannot overwrite the attempt that replaced it; a transactional step
+killed mid-transaction leaves no partial writes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pikku_django.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.conf import DEFAULTS
+from pikku_django.models import AttemptStatus, RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import WorkflowEngine
 from tests.conftest import database_alias, on_databases
 from tests.test_worker import finish, wait_for, worker_process
@@ -86,6 +88,37 @@ def test_sigkilled_worker_step_completes_as_attempt_two(
 
 
 @on_databases("postgres")
+def test_worker_sigkilled_mid_pass_with_default_settings(vendor: str, tmp_path: Path) -> None:
+    """The dead worker's run lease lapses and another worker passes the run again,
+    within the run lease plus a few seconds (no five-minute sweep in the way)."""
+    alias = database_alias(vendor)
+    started = tmp_path / "started"
+    run = WorkflowEngine(alias).start("testapp.blocked_pass", {"started": str(started)})
+    defaults = {"PIKKU_TEST_POLL": str(DEFAULTS["WORKER_POLL_INTERVAL"])}
+    first = worker_process(alias, "--concurrency", "1", **defaults)
+    second = None
+    try:
+        wait_for(started.exists, 60, "the first pass to start")
+        assert int(started.read_text()) == first.pid
+        second = worker_process(alias, "--concurrency", "1", **defaults)
+        time.sleep(2)  # the second worker is up and idle before the kill
+        os.kill(first.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        run_lease_s = DEFAULTS["RUN_LEASE_MS"] / 1000
+        wait_for(
+            lambda: run_state(alias, run.id).status == RunStatus.COMPLETED,
+            run_lease_s + 60,
+            "the run to complete after the kill",
+        )
+        elapsed = time.monotonic() - killed_at
+    finally:
+        stop(*(p for p in (first, second) if p is not None))
+    assert run_state(alias, run.id).output["pid"] == second.pid
+    # The run lease, the few seconds the due-run sweep adds to it, a poll, two passes.
+    assert elapsed <= run_lease_s + 5 + DEFAULTS["WORKER_POLL_INTERVAL"] + 3, elapsed
+
+
+@on_databases("postgres")
 def test_paused_worker_cannot_overwrite_its_successor(vendor: str, tmp_path: Path) -> None:
     alias = database_alias(vendor)
     started = tmp_path / "started"
@@ -114,7 +147,11 @@ def test_paused_worker_cannot_overwrite_its_successor(vendor: str, tmp_path: Pat
     assert step.result["pid"] == second.pid
     assert run_state(alias, run.id).output["pid"] == second.pid
     history = list(step.attempts.using(alias).order_by("attempt").values_list("status", flat=True))
-    assert history == [StepStatus.RUNNING, StepStatus.SUCCEEDED]
+    # The frozen attempt is closed as superseded when the step is taken from it.
+    assert history == [AttemptStatus.SUPERSEDED, StepStatus.SUCCEEDED]
+    stale = step.attempts.using(alias).get(attempt=1)
+    assert stale.finished_at is not None
+    assert stale.result is None
 
 
 @on_databases("postgres")

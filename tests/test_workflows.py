@@ -22,6 +22,7 @@ from pikku_django.dbclock import store_now_ms
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.leases.database import DatabaseLeaseService
 from pikku_django.models import (
+    AttemptStatus,
     RunStatus,
     StepAttempt,
     StepKind,
@@ -939,7 +940,7 @@ def test_a_superseded_attempt_ends_quietly(
         assert (x.status, x.attempt, x.result, x.error) == (StepStatus.RUNNING, 2, None, None)
         history = attempts_of(engine, x)
         assert [(a.attempt, a.status, a.result, a.error) for a in history] == [
-            (1, StepStatus.RUNNING, None, None),
+            (1, AttemptStatus.SUPERSEDED, None, None),
             (2, StepStatus.RUNNING, None, None),
         ]
         assert fetch(engine, run).status == RunStatus.RUNNING

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Longest key any backend accepts (the ``Lease.key`` column's length).
@@ -105,6 +106,13 @@ class LeaseService(abc.ABC):
     @abc.abstractmethod
     def get(self, key: str) -> Lease | None:
         """The live lease on ``key``, or None."""
+
+    def forget(self, keys: Sequence[str]) -> int:
+        """Delete what is kept of ``keys`` (their token counters included); the number of
+        keys deleted. Only for keys nothing will take again, such as the run lease of a
+        run that was deleted: a key taken after this starts its tokens afresh. Backends
+        whose keys expire by themselves keep the default, which deletes nothing."""
+        return 0
 
     def close(self) -> None:  # noqa: B027  (optional hook)
         """Free connections the service holds; it stays usable and reconnects."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -203,6 +203,15 @@ class DatabaseLeaseService(LeaseService):
         with self._cursor() as (dialect, cursor):
             row = dialect.get(cursor, key)
         return None if row is None else Lease(key, row[0], int(row[1]), int(row[2]))
+
+    def forget(self, keys: Sequence[str]) -> int:
+        from pikku_django.models import Lease as LeaseRow
+
+        if not keys:
+            return 0
+        # Through the alias's Django connection, so it joins the caller's transaction.
+        deleted, _ = LeaseRow.objects.using(self.using).filter(key__in=list(keys)).delete()
+        return deleted
 
     def close(self) -> None:
         self._pool.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 from pikku_django.leases.base import (
     Lease,
@@ -21,6 +22,12 @@ class LeaseTokens:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last: dict[str, int] = {}
+
+    def forget(self, keys: Sequence[str]) -> None:
+        """Drop the counters of ``keys``."""
+        with self._lock:
+            for key in keys:
+                self._last.pop(key, None)
 
     def next(self, key: str) -> int:
         """The token after the last one handed out for ``key`` (1 the first time)."""
@@ -97,6 +104,12 @@ class InMemoryLeaseService(LeaseService):
                 return False
             del self._leases[lease.key]
             return True
+
+    def forget(self, keys: Sequence[str]) -> int:
+        with self._lock:
+            gone = [key for key in keys if self._leases.pop(key, None) is not None]
+        self._tokens.forget(keys)
+        return len(gone)
 
     def get(self, key: str) -> Lease | None:
         check_key(key)

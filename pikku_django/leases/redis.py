@@ -8,6 +8,7 @@ live in one cluster slot.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -161,6 +162,13 @@ class RedisLeaseService(LeaseService):
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}{{{key}}}"
+
+    def forget(self, keys: Sequence[str]) -> int:
+        names = [self._key(check_key(key)) for key in keys]
+        if not names:
+            return 0
+        self.client.delete(*(n + ":token" for n in names))
+        return int(self.client.delete(*names))
 
     def acquire(self, key: str, holder: str, ttl_ms: int) -> Lease | None:
         check_key(key)

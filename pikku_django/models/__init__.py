@@ -6,6 +6,7 @@ from pikku_django.models.schedules import MissedTicks, Schedule, ScheduleOrigin
 from pikku_django.models.webhooks import CredentialValue, TriggerSource, WebhookReceipt
 from pikku_django.models.workflows import (
     TERMINAL_RUN_STATUSES,
+    AttemptStatus,
     Backoff,
     RunStatus,
     StepAttempt,
@@ -17,6 +18,7 @@ from pikku_django.models.workflows import (
 
 __all__ = [
     "TERMINAL_RUN_STATUSES",
+    "AttemptStatus",
     "Backoff",
     "CredentialValue",
     "Lease",

@@ -28,6 +28,18 @@ class StepStatus(models.TextChoices):
     SUSPENDED = "suspended", _("suspended")
 
 
+class AttemptStatus(models.TextChoices):
+    """An attempt's status: its step's, or ``superseded`` once a later claim replaced it."""
+
+    PENDING = "pending", _("pending")
+    SCHEDULED = "scheduled", _("scheduled")
+    RUNNING = "running", _("running")
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    SUSPENDED = "suspended", _("suspended")
+    SUPERSEDED = "superseded", _("superseded")
+
+
 class StepKind(models.TextChoices):
     QUEUED = "queued", _("queued function")
     INLINE = "inline", _("inline function")
@@ -244,7 +256,7 @@ class StepAttempt(models.Model):
     )
     attempt = models.PositiveIntegerField(_("attempt"))
     status = models.CharField(
-        _("status"), max_length=16, choices=StepStatus.choices, default=StepStatus.RUNNING
+        _("status"), max_length=16, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING
     )
     result = models.JSONField(_("result"), null=True, blank=True)
     error = models.JSONField(_("error"), null=True, blank=True)

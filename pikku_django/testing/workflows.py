@@ -24,7 +24,7 @@ import pytest
 from django.db import connections
 
 from pikku_django.dbclock import EpochMs
-from pikku_django.models import StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models import AttemptStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import registry
 from pikku_django.workflows.engine import ClaimedStep, WorkflowEngine
 from pikku_django.workflows.errors import (
@@ -134,9 +134,11 @@ class WorkflowFencingContract:
         assert step.attempt == current.attempt
         history = list(engine.attempts().filter(step=step).order_by("attempt"))
         assert len(history) == 2, "each claim keeps its own attempt"
-        assert history[0].status == StepStatus.RUNNING, (
-            "the stale attempt was recorded with an outcome it was refused"
+        assert history[0].status == AttemptStatus.SUPERSEDED, (
+            "the stale attempt was not closed as superseded, or was recorded with an "
+            "outcome it was refused"
         )
+        assert history[0].finished_at is not None
         assert history[0].result != "stale"
         assert history[1].status == StepStatus.SUCCEEDED
         assert history[1].result == "fresh"

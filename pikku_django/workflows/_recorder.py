@@ -6,6 +6,7 @@ one) and writes the steps the workflow reaches; the context only talks to it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -44,6 +45,9 @@ class StepRecorder:
         self.claimer = None if run.inline else claimer
         #: The queued step the pass stopped at, when the claimer takes it.
         self.claim_request: tuple[str, StepOptions, Any] | None = None
+        #: Options of calls that name only a function, by function: a loop over one
+        #: function resolves them once a pass.
+        self._options: dict[Any, StepOptions] = {}
 
     def recorded(self, name: str) -> WorkflowStep | None:
         return self.steps.get(name)
@@ -65,7 +69,12 @@ class StepRecorder:
         queue: str | None = None,
         transactional: bool | None = None,
     ) -> StepOptions:
-        return resolve_step_options(
+        given = (retries, retry_delay, backoff, queued, queue, transactional)
+        plain = all(value is None for value in given)
+        if plain:
+            with contextlib.suppress(KeyError, TypeError):  # not resolved yet, or not a key
+                return self._options[fn]
+        options = resolve_step_options(
             self.config,
             fn,
             retries=retries,
@@ -76,6 +85,10 @@ class StepRecorder:
             transactional=transactional,
             run_queue=self.run.queue,
         )
+        if plain:
+            with contextlib.suppress(TypeError):
+                self._options[fn] = options
+        return options
 
     # -- queued steps ----------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, Wo
 from pikku_django.workflows import registry
 from pikku_django.workflows._dberrors import is_transient
 from pikku_django.workflows._inline_steps import InlineSteps
+from pikku_django.workflows._memo import StepMemo
 from pikku_django.workflows._recorder import StepRecorder
 from pikku_django.workflows._values import (
     CarriedRun,
@@ -55,6 +56,8 @@ class Replay:
         self._transient: dict[uuid.UUID, int] = {}
         #: ``run_lease(run_id)``: the lease a pass holds, for a ``with`` block.
         self.run_lease = run_lease
+        #: The succeeded steps of runs passed here, so a pass reads only the rest.
+        self.memo = StepMemo()
 
     def orchestrate(
         self,
@@ -80,6 +83,8 @@ class Replay:
         else:
             run = self.store.runs().filter(id=run_id).order_by().first()
         if run is None or run.status != RunStatus.RUNNING:
+            if run is not None:
+                self.memo.forget(run.id)
             return None  # settled or suspended: not replayed, no lease taken
         claimed = None
         try:
@@ -164,20 +169,23 @@ class Replay:
             )
             return None
         if steps is None:
-            steps = {
-                step.name: step for step in self.store.steps().filter(run_id=run.id).order_by()
-            }
+            steps = self.memo.load(self.store, run.id)
         recorder = StepRecorder(
             run, steps, config=self._config(), inline=self.inline, claimer=claimer
         )
+        # Kept only when the pass ends with the run parked or at a claimed step.
+        self.memo.forget(run.id)
         ctx = WorkflowContext(recorder)
         try:
             output = definition.fn(ctx, ctx.input)
         except Pause as pause:
             if recorder.claim_request is not None and recorder.claimer is not None:
                 name, options, payload = recorder.claim_request
-                return self._claim_new_step(recorder, seen_wakes, name, options, payload)
+                claimed = self._claim_new_step(recorder, seen_wakes, name, options, payload)
+                self.memo.keep(run.id, recorder.steps.values())
+                return claimed
             self.states.park(run, seen_wakes, pause.wake_at)
+            self.memo.keep(run.id, recorder.steps.values())
             return None
         except StepFunctionNotFoundError as exc:
             self.states.suspend(run, f"RPC_NOT_FOUND: {exc}")

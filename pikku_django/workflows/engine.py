@@ -69,8 +69,14 @@ __all__ = [
     "Wake",
     "WorkflowEngine",
     "default_worker_id",
+    "run_lease_key",
     "to_json",
 ]
+
+
+def run_lease_key(run_id: uuid.UUID | str) -> str:
+    """The lease key every orchestration pass of run ``run_id`` holds."""
+    return f"workflow-run:{run_id}"
 
 
 class WorkflowEngine:
@@ -243,7 +249,7 @@ class WorkflowEngine:
     def run_lease(self, run_id: uuid.UUID | str) -> HeldLease:
         """The lease every orchestration pass of the run holds, for a ``with`` block."""
         return hold_lease(
-            f"workflow-run:{run_id}", ttl_ms=self.config.run_lease_ms, service=self.leases
+            run_lease_key(run_id), ttl_ms=self.config.run_lease_ms, service=self.leases
         )
 
     def orchestrate(

@@ -11,12 +11,13 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from django.db import close_old_connections, connections
+from django.db import connections
 
 from pikku_django._version import __version__
 from pikku_django.conf import pikku_settings
 from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError, hold_lease
 from pikku_django.models import RunStatus
+from pikku_django.workflows._connections import release_connections
 from pikku_django.workflows._heartbeat import WorkerHeartbeats
 from pikku_django.workflows._listen import listen_for_work
 from pikku_django.workflows._values import StepOutcome, Wake
@@ -268,7 +269,7 @@ class Worker:
                     done = 0
                     self.stopping.wait(min(self.poll_interval, 1.0))
                 finally:
-                    close_old_connections()
+                    release_connections()
                 if done:
                     self._wake_all()  # what this unit scheduled may be for another thread
                     continue

@@ -75,3 +75,14 @@ def blocked(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
 def webhook_event(ctx: WorkflowContext, event: dict[str, Any]) -> Any:
     """The run a stored webhook event starts: it answers with the event's data."""
     return event["data"]
+
+
+@workflow(name="testapp.blocked_pass")
+def blocked_pass(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
+    """The first pass marks that it started and blocks in the workflow body, before any
+    step; later passes run one step that answers with its worker's pid."""
+    marker = Path(input["started"])
+    if not marker.exists():
+        marker.write_text(str(os.getpid()))
+        time.sleep(300)
+    return ctx.do("work", "testapp.slow", {"started": input["started"] + ".step", "seconds": 0})

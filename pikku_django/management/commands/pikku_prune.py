@@ -4,6 +4,7 @@ the heartbeats of workers long gone."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -13,6 +14,7 @@ from django.utils import timezone
 
 from pikku_django.conf import pikku_settings
 from pikku_django.heartbeats import prune_heartbeats
+from pikku_django.leases import get_lease_service
 from pikku_django.models import (
     TERMINAL_RUN_STATUSES,
     WebhookReceipt,
@@ -22,6 +24,7 @@ from pikku_django.models import (
 )
 from pikku_django.schema import require_migrated
 from pikku_django.workflows.durations import parse_duration
+from pikku_django.workflows.engine import run_lease_key
 
 logger = logging.getLogger("pikku_django.prune")
 
@@ -29,10 +32,10 @@ logger = logging.getLogger("pikku_django.prune")
 class Command(BaseCommand):
     help = (
         "Delete settled workflow runs (completed, failed or cancelled, with their steps and "
-        "attempts) last changed longer ago than --older-than, and webhook receipts received "
-        "before then, in batches, and the heartbeat rows of workers not seen since then. "
-        "Running and suspended runs, and runs a live parent still waits on, are kept. Use "
-        "--dry-run to see the counts first."
+        "attempts and their run leases) last changed longer ago than --older-than, and "
+        "webhook receipts received before then, in batches, and the heartbeat rows of "
+        "workers not seen since then. Running and suspended runs, and runs a live parent "
+        "still waits on, are kept. Use --dry-run to see the counts first."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -89,7 +92,10 @@ class Command(BaseCommand):
                 f"Would delete {workers.count()} heartbeats of workers not seen since then."
             )
             return
-        deleted_runs = self._in_batches(runs, batch, using, "runs")
+        leases = get_lease_service()
+        deleted_runs = self._in_batches(
+            runs, batch, using, "runs", lambda ids: leases.forget([run_lease_key(i) for i in ids])
+        )
         deleted_receipts = self._in_batches(receipts, batch, using, "webhook receipts")
         self.stdout.write(
             self.style.SUCCESS(
@@ -100,7 +106,14 @@ class Command(BaseCommand):
         gone = prune_heartbeats(timedelta(seconds=age), using=using, now=now)
         self.stdout.write(f"Deleted {gone} heartbeats of workers not seen since then.")
 
-    def _in_batches(self, queryset: Any, batch: int, using: str, what: str) -> int:
+    def _in_batches(
+        self,
+        queryset: Any,
+        batch: int,
+        using: str,
+        what: str,
+        after: Callable[[list[Any]], object] | None = None,
+    ) -> int:
         total = 0
         while True:
             ids = list(queryset.values_list("pk", flat=True)[:batch])
@@ -108,5 +121,9 @@ class Command(BaseCommand):
                 return total
             with transaction.atomic(using=using):
                 queryset.model.objects.using(using).filter(pk__in=ids).delete()
+                if after is not None:
+                    # The run leases of the deleted runs: nothing takes them again. In the
+                    # batch's transaction when they are kept in the same database.
+                    after(ids)
             total += len(ids)
             logger.info("Pruned %d %s so far", total, what)

@@ -17,7 +17,14 @@ from django.db.models import Exists, F, Max, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from pikku_django.dbclock import EpochMs
-from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models import (
+    AttemptStatus,
+    RunStatus,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+)
 from pikku_django.workflows._values import NewStep, NextDue, Settled, Wake
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.store.base import CHANNEL, NewRun, WorkflowStore
@@ -215,6 +222,7 @@ class OrmStore(WorkflowStore):
         # Only a step of a running run is claimed, by whichever route: a cancelled
         # (or otherwise settled) run's steps never run again.
         live_runs = self.runs().filter(status=RunStatus.RUNNING).values("id")
+        now = timezone.now()
         with self.atomic():
             won = (
                 self.steps()
@@ -226,11 +234,17 @@ class OrmStore(WorkflowStore):
                     error=None,
                     available_at=None,
                     lease_expires_at=EpochMs() + lease_ms,
-                    updated_at=timezone.now(),
+                    updated_at=now,
                 )
             )
             if not won:
                 return False
+            if step.status == StepStatus.RUNNING:
+                # The attempt whose claim lapsed is closed as replaced, never with an
+                # outcome: whatever it still writes is refused.
+                self.attempts().filter(
+                    step_id=step.id, attempt=step.attempt, status=AttemptStatus.RUNNING
+                ).update(status=AttemptStatus.SUPERSEDED, finished_at=now)
             self.attempts().create(
                 step_id=step.id, attempt=attempt, status=StepStatus.RUNNING, worker=worker[:255]
             )
