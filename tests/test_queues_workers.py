@@ -86,7 +86,11 @@ def test_a_killed_workers_slots_are_freed_when_its_claims_lapse(
         )
         for n in range(8)
     ]
-    env = {"PIKKU_TEST_QUEUES": QUEUES, "PIKKU_TEST_STEP_LEASE_MS": "2000"}
+    env = {
+        "PIKKU_TEST_QUEUES": QUEUES,
+        "PIKKU_TEST_STEP_LEASE_MS": "2000",
+        "PIKKU_TEST_RUN_LEASE_MS": "2000",
+    }
     doomed = worker_process(alias, "--concurrency", "4", **env)
     wait_for(lambda: any(tmp_path.iterdir()), 60, "the first worker to start a step")
     doomed.send_signal(signal.SIGKILL)
