@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from django.contrib import messages
 from django.contrib.admin.utils import quote, unquote
+from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -76,11 +77,15 @@ class SourceSwitchMixin:
             *super().get_urls(),  # type: ignore[misc]
         ]
 
-    def has_switch_permission(self, request: HttpRequest) -> bool:  # pragma: no cover
-        raise NotImplementedError
+    def has_switch_permission(self, request: HttpRequest) -> bool:
+        """Enable and disable: the model's "change" permission unless overridden."""
+        opts = self.opts  # type: ignore[attr-defined]
+        codename = get_permission_codename("change", opts)
+        return bool(request.user.has_perm(f"{opts.app_label}.{codename}"))
 
-    def tell(self, request: HttpRequest, verb: str, outcome: Any) -> None:  # pragma: no cover
-        raise NotImplementedError
+    def tell(self, request: HttpRequest, verb: str, outcome: Any) -> None:
+        """Tell the user what a switch did (one message; admins may say more)."""
+        self.message_user(request, f"{verb}: {outcome}")  # type: ignore[attr-defined]
 
     def switch_url(self, row: TriggerSource, switch: Switch) -> str:
         opts = self.opts  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -136,8 +137,11 @@ class RunSteeringMixin:
             *super().get_urls(),  # type: ignore[misc]
         ]
 
-    def has_operate_permission(self, request: HttpRequest) -> bool:  # pragma: no cover
-        raise NotImplementedError
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Cancel, resume and retry: the model's "change" permission unless overridden."""
+        opts = self.opts  # type: ignore[attr-defined]
+        codename = get_permission_codename("change", opts)
+        return bool(request.user.has_perm(f"{opts.app_label}.{codename}"))
 
     def steer_url(self, run: WorkflowRun, operation: str) -> str:
         opts = self.opts  # type: ignore[attr-defined]
