@@ -17,6 +17,7 @@ from pikku_django.workflows._dberrors import is_transient
 from pikku_django.workflows._inline_steps import InlineSteps
 from pikku_django.workflows._memo import StepMemo
 from pikku_django.workflows._recorder import StepRecorder
+from pikku_django.workflows._versions import version_admitted
 from pikku_django.workflows._values import (
     CarriedRun,
     ClaimedStep,
@@ -31,12 +32,16 @@ from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.errors import (
     NotSerializableError,
     StepFunctionNotFoundError,
+    UnknownPatchError,
     WorkflowStepSupersededError,
     serialize_error,
 )
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 
 logger = workflow_logger(__name__)
+
+#: How soon a run this worker's code cannot pass is offered to the workers again.
+NOT_CARRIED_RETRY = timedelta(seconds=2)
 
 
 class Replay:
@@ -168,6 +173,8 @@ class Replay:
                 run, f"WORKFLOW_NOT_FOUND: no workflow is registered as {run.workflow!r}"
             )
             return None
+        if not version_admitted(self.states, definition, run, self._config().carried_versions_only):
+            return self._not_carried(run, f"version {run.version!r} is not carried here")
         if steps is None:
             steps = self.memo.load(self.store, run.id)
         recorder = StepRecorder(
@@ -190,6 +197,8 @@ class Replay:
         except StepFunctionNotFoundError as exc:
             self.states.suspend(run, f"RPC_NOT_FOUND: {exc}")
             return None
+        except UnknownPatchError as exc:
+            return self._not_carried(run, str(exc))
         except (WorkflowStepSupersededError, LeaseLostError, DatabaseError):
             raise
         except Exception as exc:
@@ -202,6 +211,12 @@ class Replay:
             return None
         self.states.finish(run, RunStatus.COMPLETED, output=payload)
         return None
+
+    def _not_carried(self, run: WorkflowRun, why: str) -> None:
+        """Leave a run this code cannot replay to workers that carry its code."""
+        logger.warning("Run left to other workers: %s", why)
+        self.memo.forget(run.id)
+        self.states.wake_soon(run.id, NOT_CARRIED_RETRY)
 
     def _claim_new_step(
         self,
