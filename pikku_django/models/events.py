@@ -33,9 +33,7 @@ class WorkflowEvent(models.Model):
         verbose_name = _("workflow event")
         verbose_name_plural = _("workflow events")
         ordering = ("run", "id")
-        constraints = (
-            models.UniqueConstraint(fields=("run", "event_id"), name="pikku_event_id"),
-        )
+        constraints = (models.UniqueConstraint(fields=("run", "event_id"), name="pikku_event_id"),)
         indexes = (
             # A wait's look for the oldest event of its name that no wait took.
             models.Index(

@@ -17,7 +17,6 @@ from pikku_django.workflows._dberrors import is_transient
 from pikku_django.workflows._inline_steps import InlineSteps
 from pikku_django.workflows._memo import StepMemo
 from pikku_django.workflows._recorder import StepRecorder
-from pikku_django.workflows._versions import version_admitted
 from pikku_django.workflows._values import (
     CarriedRun,
     ClaimedStep,
@@ -27,6 +26,7 @@ from pikku_django.workflows._values import (
     StepOptions,
     to_json,
 )
+from pikku_django.workflows._versions import version_admitted
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.errors import (
@@ -174,7 +174,8 @@ class Replay:
             )
             return None
         if not version_admitted(self.states, definition, run, self._config().carried_versions_only):
-            return self._not_carried(run, f"version {run.version!r} is not carried here")
+            self._not_carried(run, f"version {run.version!r} is not carried here")
+            return None
         if steps is None:
             steps = self.memo.load(self.store, run.id)
         recorder = StepRecorder(
@@ -198,7 +199,8 @@ class Replay:
             self.states.suspend(run, f"RPC_NOT_FOUND: {exc}")
             return None
         except UnknownPatchError as exc:
-            return self._not_carried(run, str(exc))
+            self._not_carried(run, str(exc))
+            return None
         except (WorkflowStepSupersededError, LeaseLostError, DatabaseError):
             raise
         except Exception as exc:

@@ -91,8 +91,7 @@ class RunKey:
 def check_event_name(name: object) -> str:
     if not isinstance(name, str) or not name or len(name) > 200 or "#" in name:
         raise WorkflowDefinitionError(
-            f"An event name is a non-empty str of at most 200 characters without '#', "
-            f"not {name!r}"
+            f"An event name is a non-empty str of at most 200 characters without '#', not {name!r}"
         )
     return name
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
+
 from pikku_django.models import StepKind, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows.errors import UnknownPatchError, WorkflowDefinitionError
 
