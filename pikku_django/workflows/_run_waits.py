@@ -88,7 +88,7 @@ class RunEndListener:
                 self._listening.set()
                 self._wake(None)  # anything announced while not listening: look again
                 while True:
-                    for notice in raw.notifies(timeout=5.0, stop_after=1):
+                    for notice in raw.notifies(timeout=1.0, stop_after=1):
                         self._wake(notice.payload)
                     with self._lock:
                         if not self._waits:
@@ -112,6 +112,19 @@ def _listener(using: str) -> RunEndListener:
         if using not in _listeners:
             _listeners[using] = RunEndListener(using)
         return _listeners[using]
+
+
+def idle_listeners(timeout: float = 10.0) -> bool:
+    """Wait until no process-wide LISTEN for run ends is open (none waits): whether
+    that happened within ``timeout`` seconds (before a test database is dropped)."""
+    deadline = time.monotonic() + timeout
+    for listener in list(_listeners.values()):
+        thread = listener._thread
+        if thread is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                return False
+    return True
 
 
 def wait_for_run(

@@ -8,7 +8,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from django.db import connections
+
 from pikku_django.models import WorkflowRun
+from pikku_django.workflows._dberrors import retrying
 from pikku_django.workflows._lifecycle import RunLifecycle
 from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._runs import RunStates
@@ -46,9 +49,12 @@ class EventSender:
         """Store the event for the run (idempotent by ``event_id``) and wake a wait."""
         check_event_name(name)
         key = check_event_id(event_id)
-        with self.store.atomic():
-            run_id = self._run_id(run)
-            sent = self.waits.send(run_id, name, data, key)
+
+        def send() -> SentEvent:
+            with self.store.atomic():
+                return self.waits.send(self._run_id(run), name, data, key)
+
+        sent = self._retried(send)
         self._after(sent)
         return sent
 
@@ -69,13 +75,29 @@ class EventSender:
         key = check_event_id(event_id)
         if not isinstance(idempotency_key, str) or not idempotency_key:
             raise ValueError("send_event_with_start needs an idempotency_key (a non-empty str)")
-        with self.store.atomic():
-            run, created = self.lifecycle.start(
-                definition, input, idempotency_key=idempotency_key, inline=False, options=options
-            )
-            sent = replace(self.waits.send(run.id, name, data, key), started=created)
+
+        def start_and_send() -> SentEvent:
+            with self.store.atomic():
+                run, created = self.lifecycle.start(
+                    definition,
+                    input,
+                    idempotency_key=idempotency_key,
+                    inline=False,
+                    options=options,
+                )
+                return replace(self.waits.send(run.id, name, data, key), started=created)
+
+        sent = self._retried(start_and_send)
         self._after(sent)
         return sent
+
+    def _retried(self, send: Callable[[], SentEvent]) -> SentEvent:
+        """``send()``, made again after a deadlock or lock wait (senders racing for one
+        key on MariaDB) when it is its own transaction; in the caller's, the caller's
+        transaction is the one to retry."""
+        if connections[self.store.using].in_atomic_block:
+            return send()
+        return retrying(send)
 
     def _run_id(self, run: RunRef) -> uuid.UUID | str:
         if isinstance(run, WorkflowRun):
