@@ -145,8 +145,15 @@ def wait_for_run(
 async def await_run(
     run_id: uuid.UUID | str, timeout: float, *, poll_interval: float | None = None
 ) -> WorkflowRun:
-    """:func:`wait_for_run` for async code: waits in a worker thread."""
+    """:func:`wait_for_run` for async code: waits in a worker thread (whose database
+    connections are closed when it is done), not on the event loop."""
     from asgiref.sync import sync_to_async
+    from django.db import connections
 
-    wait = sync_to_async(wait_for_run, thread_sensitive=False)
-    return await wait(run_id, timeout, poll_interval=poll_interval)
+    def wait() -> WorkflowRun:
+        try:
+            return wait_for_run(run_id, timeout, poll_interval=poll_interval)
+        finally:
+            connections.close_all()
+
+    return await sync_to_async(wait, thread_sensitive=False)()
