@@ -114,7 +114,11 @@ def test_an_event_sent_to_a_waiting_run_wakes_it(engine: WorkflowEngine) -> None
     engine.run_until_idle()
     assert engine.get_run(run.id).status == RunStatus.RUNNING
     wait = _steps(engine, run.id)["event:payment"]
-    assert (wait.kind, wait.status, wait.available_at) == (StepKind.EVENT, StepStatus.SCHEDULED, None)
+    assert (wait.kind, wait.status, wait.available_at) == (
+        StepKind.EVENT,
+        StepStatus.SCHEDULED,
+        None,
+    )
     assert engine.claim_due_runs(5) == []  # parked on the wait
 
     sent = engine.send_event(run.id, "payment", {"order": 7}, event_id="pi_1")

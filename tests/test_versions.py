@@ -134,10 +134,21 @@ def test_old_code_leaves_a_patched_run_to_the_new_code(
     assert left.status == RunStatus.RUNNING, left.error
     assert left.wake_at is not None  # offered to the workers again
 
+    # Nor does it end a run the new code took to its end.
+    deploy(new_code, "2", ("1",))
+    done = engine.start(NAME, {"n": 3})
+    engine.send_event(done.id, "go")
+    engine.run_until_idle()
+    engine.runs().filter(id=done.id).update(status=RunStatus.RUNNING, output=None)
+    deploy(old_code, "1")
+    engine.orchestrate(done.id)
+    assert engine.get_run(done.id).status == RunStatus.RUNNING
+
     deploy(new_code, "2", ("1",))
     engine.clock.advance(5)  # type: ignore[attr-defined]
     engine.run_until_idle()
     assert engine.get_run(run.id).output == {"path": "new", "n": 12}
+    assert engine.get_run(done.id).output == {"path": "new", "n": 13}
 
 
 def test_the_non_determinism_error_names_the_step_and_patched(

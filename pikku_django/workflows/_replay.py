@@ -26,7 +26,7 @@ from pikku_django.workflows._values import (
     StepOptions,
     to_json,
 )
-from pikku_django.workflows._versions import version_admitted
+from pikku_django.workflows._versions import check_no_unknown_patch, version_admitted
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.errors import (
@@ -186,6 +186,7 @@ class Replay:
         ctx = WorkflowContext(recorder)
         try:
             output = definition.fn(ctx, ctx.input)
+            check_no_unknown_patch(recorder.steps, ctx._seen, None)
         except Pause as pause:
             if recorder.claim_request is not None and recorder.claimer is not None:
                 name, options, payload = recorder.claim_request

@@ -70,17 +70,18 @@ def unvisited(steps: Mapping[str, WorkflowStep], seen: Mapping[str, int]) -> lis
 
 
 def check_no_unknown_patch(
-    steps: Mapping[str, WorkflowStep], seen: Mapping[str, int], new_step: str
+    steps: Mapping[str, WorkflowStep], seen: Mapping[str, int], new_step: str | None
 ) -> None:
     """Raise :class:`UnknownPatchError` when the pass is about to store ``new_step``
-    although the run recorded a ``ctx.patched`` branch this code never reached: the
-    run was taken further by code this worker does not carry."""
+    (None: end the run) although the run recorded a ``ctx.patched`` branch this code
+    never reached: the run was taken further by code this worker does not carry."""
     if not any(step.kind == StepKind.PATCH for step in steps.values()):
         return
     markers = [s.name for s in unvisited(steps, seen) if s.kind == StepKind.PATCH]
     if markers:
+        what = "The run would end here" if new_step is None else f"Step {new_step!r} is new"
         raise UnknownPatchError(
-            f"Step {new_step!r} is new, but the run went past {markers[0]!r} under newer "
+            f"{what}, but the run went past {markers[0]!r} under newer "
             f"code: this code does not call ctx.patched({markers[0][len(PATCH_PREFIX) :]!r}) "
             "there. Run the newer code (or limit workers to the versions they carry)"
         )

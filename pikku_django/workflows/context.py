@@ -62,6 +62,7 @@ class WorkflowContext:
             _versions.check_no_unknown_patch(self._recorder.steps, self._seen, name)
             return None
         if step.kind != kind or (function and step.function and step.function != function):
+            _versions.check_no_unknown_patch(self._recorder.steps, self._seen, name)
             raise NonDeterministicWorkflowError(
                 f"Step {name!r} was recorded as {step.kind} {step.function!r} but the workflow "
                 f"now makes it {kind} {function!r}: a workflow must call the same steps, in "
