@@ -219,7 +219,7 @@ def test_bad_events_are_refused_and_store_nothing(engine: WorkflowEngine) -> Non
         engine.send_event(run.id, "payment", {"when": object()})
     with pytest.raises(WorkflowDefinitionError):
         engine.send_event(run.id, "pay#ment", {})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="event_id"):
         engine.send_event(run.id, "payment", {}, event_id="")
     with pytest.raises(WorkflowRunNotFoundError):
         engine.send_event(uuid.uuid4(), "payment", {})

@@ -141,7 +141,7 @@ def test_wait_for_run_times_out_and_refuses_unknown_runs(engine: WorkflowEngine)
     assert (caught.value.run_id, caught.value.status) == (run.id, RunStatus.RUNNING)
     with pytest.raises(WorkflowRunNotFoundError):
         engine.wait_for_run(uuid.uuid4(), timeout=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="timeout"):
         engine.wait_for_run(run.id, timeout=-1)
 
 

@@ -3,7 +3,7 @@ MariaDB: a deploy is a change of the registered function under the same name."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -73,7 +73,7 @@ def engine(alias: str) -> WorkflowEngine:
 
 
 @pytest.fixture
-def deploy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+def deploy(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
     """``deploy(fn, version=..., replays=...)``: the code registered as vs_order."""
 
     def put(fn: Callable[..., Any], version: str, replays: tuple[str, ...] = ()) -> None:
@@ -86,7 +86,7 @@ def deploy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
         )
 
     put(old_code, "1")
-    yield put
+    return put
 
 
 def _kinds(engine: WorkflowEngine, run_id: Any) -> list[tuple[str, str]]:
