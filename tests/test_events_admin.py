@@ -38,8 +38,11 @@ def test_the_run_page_shows_events_version_and_published_values(
     assert page.status_code == 200
     html = page.content.decode()
     version = fresh_engine.get_run(run.id).version
-    assert version.startswith("code-") and version in html
-    assert "pi_5" in html and "event:payment" in html  # got by its wait
-    assert "re_1" in html and "kept for a later wait" in html
+    assert version.startswith("code-")
+    assert version in html
+    assert "pi_5" in html
+    assert "event:payment" in html
+    assert "re_1" in html
+    assert "kept for a later wait" in html
     assert "Events and published values" in html
     assert "&quot;progress&quot;: &quot;paid&quot;" in html
