@@ -295,3 +295,44 @@ def test_events_racing_their_waits_each_reach_the_run(vendor: str) -> None:
         assert done.status == RunStatus.COMPLETED, (i, done.status, done.error)
         assert done.output["paid"] == {"order": i}
         assert [e.step_id is not None for e in _events(engine, run.id)] == [True]
+
+
+class _Refused(Exception):
+    pass
+
+
+@step(name="ev_notify_other")
+def ev_notify_other(data: Any) -> Any:
+    """Sends an event to another run, then fails when told to (a transactional step)."""
+    other = WorkflowEngine(data["alias"], leases=InMemoryLeaseService())
+    sent = other.send_event(data["run"], "payment", {"order": 9}, event_id=data["event_id"])
+    if data["fail"]:
+        raise _Refused("after sending")
+    return str(sent.outcome)
+
+
+@workflow(name="ev_handler")
+def ev_handler(ctx: WorkflowContext, inp: Any) -> Any:
+    return ctx.do("notify", ev_notify_other, inp, transactional=True, retries=0)
+
+
+def test_a_transactional_step_sends_its_event_with_its_result_or_not_at_all(
+    engine: WorkflowEngine, alias: str
+) -> None:
+    waiting = engine.start(ev_checkout, {})
+    engine.run_until_idle()
+    failed = engine.start(
+        ev_handler, {"alias": alias, "run": str(waiting.id), "event_id": "x1", "fail": True}
+    )
+    engine.run_until_idle()
+    assert engine.get_run(failed.id).status == RunStatus.FAILED
+    assert _events(engine, waiting.id) == []  # rolled back with the step
+    assert engine.get_run(waiting.id).status == RunStatus.RUNNING
+    handled = engine.start(
+        ev_handler, {"alias": alias, "run": str(waiting.id), "event_id": "x1", "fail": False}
+    )
+    engine.run_until_idle()
+    assert engine.get_run(handled.id).output == "delivered"
+    engine.wake_run(waiting.id)  # woken on the step's clock, not this test's fake one
+    engine.run_until_idle()
+    assert engine.get_run(waiting.id).output["shipped"] == {"order": 9}
