@@ -19,7 +19,7 @@ from pikku_django.workflows._values import to_json
 from pikku_django.workflows.errors import WorkflowDefinitionError, WorkflowRunNotFoundError
 
 if TYPE_CHECKING:
-    from pikku_django.workflows.context import WorkflowContext
+    from pikku_django.workflows._context_api import StepCalls
     from pikku_django.workflows.store import WorkflowStore
 
 #: The prefix of a published value's step: ``publish:<name>``.
@@ -29,7 +29,7 @@ PUBLISH_PREFIX = "publish:"
 PROGRESS = "progress"
 
 
-def set_event(ctx: WorkflowContext, name: str, value: Any) -> None:
+def set_event(ctx: StepCalls, name: str, value: Any) -> None:
     """``ctx.set_event``: publish ``value`` under ``name`` (once per call site)."""
     if not isinstance(name, str) or not name or len(name) > 200 or "#" in name:
         raise WorkflowDefinitionError(

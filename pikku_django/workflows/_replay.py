@@ -186,7 +186,7 @@ class Replay:
         ctx = WorkflowContext(recorder)
         try:
             output = definition.fn(ctx, ctx.input)
-            check_no_unknown_patch(recorder.steps, ctx._seen, None)
+            check_no_unknown_patch(ctx, None)
         except Pause as pause:
             if recorder.claim_request is not None and recorder.claimer is not None:
                 name, options, payload = recorder.claim_request

@@ -33,8 +33,8 @@ from pikku_django.workflows.errors import WorkflowDefinitionError, WorkflowRunNo
 from pikku_django.workflows.logcontext import workflow_logger
 
 if TYPE_CHECKING:
+    from pikku_django.workflows._context_api import StepCalls
     from pikku_django.workflows._runs import RunStates
-    from pikku_django.workflows.context import WorkflowContext
 
 logger = workflow_logger(__name__)
 
@@ -221,7 +221,7 @@ def outcome(step: WorkflowStep) -> Any:
     return fresh(result.get("data"))
 
 
-def wait_for_event(ctx: WorkflowContext, name: str, timeout: Duration | None) -> Any:
+def wait_for_event(ctx: StepCalls, name: str, timeout: Duration | None) -> Any:
     """``ctx.wait_for_event``: the event's data once one is sent, or TIMED_OUT."""
     check_event_name(name)
     seconds = None if timeout is None else parse_duration(timeout, what="event timeout")

@@ -3,46 +3,19 @@
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
-
-from django.core.exceptions import ImproperlyConfigured
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pikku_django.models import StepKind, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows.errors import UnknownPatchError, WorkflowDefinitionError
 
-if TYPE_CHECKING:
-    from pikku_django.workflows._runs import RunStates
-    from pikku_django.workflows.context import WorkflowContext
-    from pikku_django.workflows.registry import WorkflowDefinition
-
-#: The longest version a run records.
-VERSION_MAX = 64
-
 #: The prefix of a step that records a ``ctx.patched`` change id.
 PATCH_PREFIX = "patch:"
 
-
-def check_version(value: object, what: str) -> str:
-    """``value`` as a version: a str of 1 to 64 characters."""
-    if not isinstance(value, str) or not value.strip() or len(value) > VERSION_MAX:
-        raise ImproperlyConfigured(
-            f"workflow {what}= takes str versions of 1 to {VERSION_MAX} characters, not {value!r}"
-        )
-    return value
-
-
-def code_version(fn: Callable[..., Any]) -> str:
-    """A version made from the function's code: its source (or its bytecode)."""
-    try:
-        text = inspect.getsource(fn).encode()
-    except (OSError, TypeError):
-        code = getattr(fn, "__code__", None)
-        text = code.co_code + repr(code.co_consts).encode() if code is not None else b""
-        text = text or repr(fn).encode()
-    return "code-" + hashlib.sha256(text).hexdigest()[:16]
+if TYPE_CHECKING:
+    from pikku_django.workflows._context_api import StepCalls
+    from pikku_django.workflows._runs import RunStates
+    from pikku_django.workflows.registry import WorkflowDefinition
 
 
 def version_admitted(
@@ -69,15 +42,16 @@ def unvisited(steps: Mapping[str, WorkflowStep], seen: Mapping[str, int]) -> lis
     return [step for name, step in steps.items() if name not in reached]
 
 
-def check_no_unknown_patch(
-    steps: Mapping[str, WorkflowStep], seen: Mapping[str, int], new_step: str | None
-) -> None:
+def check_no_unknown_patch(ctx: StepCalls, new_step: str | None) -> None:
     """Raise :class:`UnknownPatchError` when the pass is about to store ``new_step``
     (None: end the run) although the run recorded a ``ctx.patched`` branch this code
     never reached: the run was taken further by code this worker does not carry."""
-    if not any(step.kind == StepKind.PATCH for step in steps.values()):
+    steps = ctx._recorder.steps
+    if ctx._patch_markers is None:  # once a pass: most runs have none
+        ctx._patch_markers = any(step.kind == StepKind.PATCH for step in steps.values())
+    if not ctx._patch_markers:
         return
-    markers = [s.name for s in unvisited(steps, seen) if s.kind == StepKind.PATCH]
+    markers = [s.name for s in unvisited(steps, ctx._seen) if s.kind == StepKind.PATCH]
     if markers:
         what = "The run would end here" if new_step is None else f"Step {new_step!r} is new"
         raise UnknownPatchError(
@@ -87,7 +61,7 @@ def check_no_unknown_patch(
         )
 
 
-def patched(ctx: WorkflowContext, change_id: str) -> bool:
+def patched(ctx: StepCalls, change_id: str) -> bool:
     """``ctx.patched(change_id)``: True when the run reaches this point under code
     that has it (a marker step records that), False when the run was already past
     it (recorded steps beyond it that this pass has not reached), the same on every

@@ -39,6 +39,8 @@ class WorkflowContext:
         self.run_id = recorder.run.id
         self.input = fresh(recorder.run.input)
         self._seen: defaultdict[str, int] = defaultdict(int)
+        #: Whether the run recorded ctx.patched markers (read once a pass, when needed).
+        self._patch_markers: bool | None = None
 
     # -- naming -----------------------------------------------------------------
 
@@ -59,10 +61,10 @@ class WorkflowContext:
     def _existing(self, name: str, kind: str, function: str) -> WorkflowStep | None:
         step = self._recorder.recorded(name)
         if step is None:
-            _versions.check_no_unknown_patch(self._recorder.steps, self._seen, name)
+            _versions.check_no_unknown_patch(self, name)
             return None
         if step.kind != kind or (function and step.function and step.function != function):
-            _versions.check_no_unknown_patch(self._recorder.steps, self._seen, name)
+            _versions.check_no_unknown_patch(self, name)
             raise NonDeterministicWorkflowError(
                 f"Step {name!r} was recorded as {step.kind} {step.function!r} but the workflow "
                 f"now makes it {kind} {function!r}: a workflow must call the same steps, in "

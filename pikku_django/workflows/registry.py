@@ -14,7 +14,7 @@ from typing import Any, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
-from pikku_django.workflows._versions import check_version, code_version
+from pikku_django.workflows._version_ids import check_version, code_version
 from pikku_django.workflows.durations import Duration, parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])
