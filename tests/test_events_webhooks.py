@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from pikku_django.models import RunStatus, WorkflowEvent
+from pikku_django.models import RunStatus, WebhookReceipt, WorkflowEvent, WorkflowRun
 from pikku_django.webhooks import (
     WebhookEvent,
     WebhookSource,
     credential_name,
     on_webhook,
     register_source,
+    send_event_on,
     set_credential,
 )
 from pikku_django.webhooks.lifecycle import sync
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 SECRET = "payments-secret"
 URL = "/pikku/webhooks/ev-payments/"
+BOUND_URL = "/pikku/webhooks/ev-bound/"
 outcomes: list[EventOutcome] = []
 
 
@@ -61,11 +63,11 @@ def payment_succeeded(event: dict[str, Any]) -> str:
     return str(sent.outcome)
 
 
-def _post(client: Client, payload: dict[str, Any], delivery: str) -> Any:
+def _post(client: Client, payload: dict[str, Any], delivery: str, url: str = URL) -> Any:
     body = json.dumps(payload).encode()
     signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
     return client.post(
-        URL,
+        url,
         body,
         content_type="application/json",
         HTTP_X_GITHUB_EVENT="payment",
@@ -107,3 +109,70 @@ def test_the_payment_webhook_wakes_the_checkout_run(client: Client, source: Any)
     # A late retry of the handler, after the run ended, stores nothing.
     assert payment_succeeded({"id": "evt_1", "data": payload["object"]}) == "run_ended"
     assert WorkflowEvent.objects.filter(run_id=run.id).count() == 1
+
+
+# -- send_event_on: the receipt and the event in one transaction -----------------------
+
+register_source(
+    WebhookSource(
+        name="ev-bound",
+        verify=GitHub(),
+        receive=receive_payment,
+        events={"payment_intent.succeeded": None},
+    )
+)
+send_event_on(
+    "ev-bound:payment_intent.succeeded",
+    ev_checkout,
+    event="payment",
+    run_key=lambda data: data["metadata"]["order"],
+)
+
+
+@pytest.fixture
+def bound() -> Any:
+    reset_engine()
+    sync()
+    from pikku_django.models import TriggerSource
+
+    TriggerSource.objects.filter(name="ev-bound").update(enabled=True)
+    set_credential(credential_name("ev-bound"), SECRET)
+    yield
+    reset_engine()
+
+
+def test_send_event_on_stores_the_receipt_and_the_event_together(
+    client: Client, bound: Any
+) -> None:
+    engine = get_engine()
+    run = engine.start(ev_checkout, {}, idempotency_key="order-7")
+    engine.run_until_idle()
+    payload = {
+        "id": "evt_7",
+        "type": "payment_intent.succeeded",
+        "object": {"id": "pi_7", "order": "order-7", "metadata": {"order": "order-7"}},
+    }
+    assert _post(client, payload, "d-7", url=BOUND_URL).json() == {"received": 1}
+    receipt = WebhookReceipt.objects.get(source="ev-bound", provider_id="evt_7")
+    assert receipt.run_id == run.id
+    assert not receipt.waiting  # no run is started for it
+    [event] = WorkflowEvent.objects.filter(run_id=run.id)
+    assert (event.name, event.event_id, event.step_id is not None) == ("payment", "evt_7", True)
+    assert _post(client, payload, "d-8", url=BOUND_URL).json() == {"received": 0}
+    engine.run_until_idle()
+    done = engine.get_run(run.id)
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.output["paid"]["id"] == "pi_7"
+    assert WorkflowRun.objects.filter(workflow="ev_checkout").count() == 1
+
+
+def test_an_event_for_no_run_stores_no_receipt(client: Client, bound: Any) -> None:
+    payload = {
+        "id": "evt_8",
+        "type": "payment_intent.succeeded",
+        "object": {"id": "pi_8", "metadata": {"order": "no-such-order"}},
+    }
+    answer = _post(client, payload, "d-9", url=BOUND_URL)
+    assert answer.status_code == 409
+    assert not WebhookReceipt.objects.filter(source="ev-bound").exists()
+    assert not WorkflowEvent.objects.exists()
