@@ -25,9 +25,11 @@ from pikku_django.webhooks.lifecycle import sync
 from pikku_django.webhooks.presets import GitHub
 from pikku_django.workflows import EventOutcome, RunKey, get_engine, send_event
 from pikku_django.workflows.api import reset_engine
+from tests.conftest import database_alias, db_mark
 from tests.test_events import ev_checkout
 
-pytestmark = pytest.mark.django_db(transaction=True)
+VENDORS = ("sqlite", "postgres", "mariadb")
+
 
 SECRET = "payments-secret"
 URL = "/pikku/webhooks/ev-payments/"
@@ -89,6 +91,7 @@ def source() -> Any:
     reset_engine()
 
 
+@pytest.mark.django_db(transaction=True)
 def test_the_payment_webhook_wakes_the_checkout_run(client: Client, source: Any) -> None:
     engine = get_engine()
     run = engine.start(ev_checkout, {}, idempotency_key="order-42")
@@ -129,8 +132,10 @@ send_event_on(
 )
 
 
-@pytest.fixture
-def bound() -> Any:
+@pytest.fixture(params=[pytest.param(v, marks=db_mark(v), id=v) for v in VENDORS])
+def bound(request: pytest.FixtureRequest, settings: Any) -> Any:
+    """ev-bound enabled, with the runs, receipts and events on the vendor's database."""
+    settings.PIKKU = {"WORKFLOW_DATABASE": database_alias(request.param)}
     reset_engine()
     sync()
     from pikku_django.models import TriggerSource
@@ -153,17 +158,18 @@ def test_send_event_on_stores_the_receipt_and_the_event_together(
         "object": {"id": "pi_7", "order": "order-7", "metadata": {"order": "order-7"}},
     }
     assert _post(client, payload, "d-7", url=BOUND_URL).json() == {"received": 1}
-    receipt = WebhookReceipt.objects.get(source="ev-bound", provider_id="evt_7")
+    using = engine.using
+    receipt = WebhookReceipt.objects.using(using).get(source="ev-bound", provider_id="evt_7")
     assert receipt.run_id == run.id
     assert not receipt.waiting  # no run is started for it
-    [event] = WorkflowEvent.objects.filter(run_id=run.id)
+    [event] = WorkflowEvent.objects.using(using).filter(run_id=run.id)
     assert (event.name, event.event_id, event.step_id is not None) == ("payment", "evt_7", True)
     assert _post(client, payload, "d-8", url=BOUND_URL).json() == {"received": 0}
     engine.run_until_idle()
     done = engine.get_run(run.id)
     assert done.status == RunStatus.COMPLETED, done.error
     assert done.output["paid"]["id"] == "pi_7"
-    assert WorkflowRun.objects.filter(workflow="ev_checkout").count() == 1
+    assert WorkflowRun.objects.using(using).filter(workflow="ev_checkout").count() == 1
 
 
 def test_an_event_for_no_run_stores_no_receipt(client: Client, bound: Any) -> None:
@@ -174,5 +180,6 @@ def test_an_event_for_no_run_stores_no_receipt(client: Client, bound: Any) -> No
     }
     answer = _post(client, payload, "d-9", url=BOUND_URL)
     assert answer.status_code == 409
-    assert not WebhookReceipt.objects.filter(source="ev-bound").exists()
-    assert not WorkflowEvent.objects.exists()
+    using = get_engine().using
+    assert not WebhookReceipt.objects.using(using).filter(source="ev-bound").exists()
+    assert not WorkflowEvent.objects.using(using).exists()
