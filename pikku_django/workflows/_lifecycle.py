@@ -150,7 +150,7 @@ class RunLifecycle:
                     return run, False
                 raise WorkflowRunStateError(f"Run {run.id} is {run.status}: it cannot be cancelled")
             self.states.events.run_finished(run, RunStatus.CANCELLED)
-            announce_run_end(self.store.using, run.id)
+            announce_run_end(self.store.using, run.id, notifying=self.store.notifying)
             children = list(
                 self.store.steps()
                 .filter(run_id=run.id, kind=StepKind.CHILD, child_run__isnull=False)

@@ -25,10 +25,11 @@ POLL_INTERVAL = 0.2
 NOTIFIED_POLL_INTERVAL = 2.0
 
 
-def announce_run_end(using: str, run_id: uuid.UUID) -> None:
-    """Tell waiting callers that the run ended, once the current transaction commits."""
+def announce_run_end(using: str, run_id: uuid.UUID, *, notifying: bool = True) -> None:
+    """Tell waiting callers that the run ended, once the current transaction commits
+    (PostgreSQL, unless ``PIKKU["WORKER_NOTIFY"]`` is off)."""
     connection = connections[using]
-    if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql" or not notifying:
         return
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, %s)", [RUN_DONE_CHANNEL, str(run_id)])
@@ -128,13 +129,19 @@ def idle_listeners(timeout: float = 10.0) -> bool:
 
 
 def wait_for_run(
-    using: str, run_id: uuid.UUID | str, timeout: float, poll_interval: float | None = None
+    using: str,
+    run_id: uuid.UUID | str,
+    timeout: float,
+    poll_interval: float | None = None,
+    *,
+    notifying: bool = True,
 ) -> WorkflowRun:
     """The run once it has ended (completed, failed or cancelled);
-    :class:`RunWaitTimeoutError` when it has not within ``timeout`` seconds."""
+    :class:`RunWaitTimeoutError` when it has not within ``timeout`` seconds. On
+    PostgreSQL with ``notifying``, woken by the run's end; else it polls."""
     if timeout < 0:
         raise ValueError(f"timeout must be 0 or more seconds, not {timeout!r}")
-    notified = connections[using].vendor == "postgresql"
+    notified = notifying and connections[using].vendor == "postgresql"
     interval = poll_interval or (NOTIFIED_POLL_INTERVAL if notified else POLL_INTERVAL)
     deadline = time.monotonic() + timeout
     key = str(run_id)

@@ -108,7 +108,7 @@ class RunStates:
                 if changed:
                     self.settle_parents(run.id, status, output, error)
         if changed:
-            announce_run_end(self.store.using, run.id)
+            announce_run_end(self.store.using, run.id, notifying=self.store.notifying)
             with log_context(workflow=run.workflow, run_id=str(run.id)):
                 if status == RunStatus.FAILED:
                     logger.warning("Run failed: %s", describe_error(error))

@@ -289,7 +289,9 @@ class WorkflowEngine:
         self, run_id: uuid.UUID | str, timeout: float, *, poll_interval: float | None = None
     ) -> WorkflowRun:
         """The run once it has ended; RunWaitTimeoutError after ``timeout`` seconds."""
-        return wait_for_run(self.using, run_id, timeout, poll_interval)
+        return wait_for_run(
+            self.using, run_id, timeout, poll_interval, notifying=self.store.notifying
+        )
 
     # -- orchestration ----------------------------------------------------------
 
