@@ -43,21 +43,23 @@ def test_old_and_new_code_pass_the_same_runs(vendor: str) -> None:
         engine.send_event(run.id, "go")
     assert {r.version for r in past + fresh} == {"1"}
 
-    new = worker_process(alias, PIKKU_TEST_DEPLOYED_CODE="new")
-    old = worker_process(alias, PIKKU_TEST_CARRIED_ONLY="1")
+    # The new code first, so that it reaches the change in some fresh run; then the old
+    # code beside it, and the past runs are let go while both pass runs.
+    procs = [worker_process(alias, PIKKU_TEST_DEPLOYED_CODE="new")]
     try:
         wait_for(
             lambda: steps.filter(run__in=fresh, kind=StepKind.PATCH).exists(),
-            120,
+            240,
             "the new code to reach the change in a fresh run",
         )
+        procs.append(worker_process(alias, PIKKU_TEST_CARRIED_ONLY="1"))
         for run in past:
             engine.send_event(run.id, "go")
         ids = [r.id for r in past + fresh]
-        wait_for(lambda: _ended(alias, ids), 180, "every run to end")
+        wait_for(lambda: _ended(alias, ids), 240, "every run to end")
     finally:
         outs = []
-        for proc in (new, old):
+        for proc in procs:
             proc.send_signal(signal.SIGTERM)
             outs.append(finish(proc, timeout=120)[1])
 
