@@ -153,6 +153,7 @@ class StepRecorder:
                     priority=self.run.priority,  # a child step inherits it, as any step
                     wake_at=None if self.run.inline else self.clock.now(),
                     trace_context=self.run.trace_context,
+                    version=_version_of(workflow),
                 )
                 self.states.events.run_started(child, parent_run_id=self.run.id)
                 self.store.steps().filter(id=step.id).update(child_run=child)
@@ -194,3 +195,8 @@ class StepRecorder:
     def suspend_at(self, step: WorkflowStep) -> None:
         """Suspend the run at ``step``."""
         self.states.suspend_for_step(self.run, step)
+
+
+def _version_of(workflow: str) -> str:
+    definition = registry.get_workflow(workflow)
+    return definition.version if definition is not None else ""
