@@ -1,5 +1,6 @@
 """Durable workflows: functions replayed step by step, run by ``pikku_worker``."""
 
+from pikku_django.workflows._fanout import Branch, JoinPolicy, Outcome, ParallelGroup
 from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows.api import (
     cancel_workflow,
@@ -32,14 +33,18 @@ from pikku_django.workflows.store import NewRun
 __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
+    "Branch",
     "ClaimedStep",
     "Clock",
     "EngineConfig",
     "FakeClock",
     "Intake",
+    "JoinPolicy",
     "NewRun",
     "NonDeterministicWorkflowError",
     "NotSerializableError",
+    "Outcome",
+    "ParallelGroup",
     "QueueSettings",
     "Rate",
     "RunOptions",

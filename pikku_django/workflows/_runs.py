@@ -12,6 +12,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._branches import branch_settled
 from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows.clock import Clock
 from pikku_django.workflows.logcontext import log_context, workflow_logger
@@ -127,7 +128,10 @@ class RunStates:
                     "code": "CHILD_" + status.upper(),
                 }
                 self.finish_marker(step, StepStatus.FAILED, error=failure, final=True)
-            self.wake(step.run_id)
+            if step.group_id is None or branch_settled(
+                self.store, step.group_id, failed=status != RunStatus.COMPLETED
+            ):
+                self.wake(step.run_id)
 
     def suspend(self, run: WorkflowRun, reason: str) -> None:
         changed = (

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
 from pikku_django.workflows import registry
+from pikku_django.workflows._fanout import ParallelGroup, open_group
 from pikku_django.workflows._inline_steps import fresh
 from pikku_django.workflows._options import retry_delay_for
 from pikku_django.workflows._values import Pause, StepOptions
@@ -179,6 +180,11 @@ class WorkflowContext:
             return fresh(step.result)
         self._recorder.suspend_at(step)
         raise Pause(None)
+
+    def parallel(self, name: str = "parallel") -> ParallelGroup:
+        """A group of steps and child runs started without waiting for each:
+        ``group.do(...)`` starts a branch, ``group.join()`` waits for them all."""
+        return open_group(self, name)
 
     def now(self) -> datetime:
         """The engine clock's time (use a step for anything you need replayed identically)."""

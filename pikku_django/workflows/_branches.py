@@ -1,0 +1,35 @@
+"""The count of a parallel group's open child branches, so that a run waiting on a
+fan-out is woken once, by its last child (or a failure), not by each child."""
+
+from __future__ import annotations
+
+from django.db.models import F
+
+from pikku_django.models import StepStatus
+from pikku_django.workflows.store import WorkflowStore
+
+
+def branch_opened(store: WorkflowStore, group_id: int) -> None:
+    """Count one more open child branch (in the transaction that starts it)."""
+    store.steps().filter(id=group_id).update(open_branches=F("open_branches") + 1)
+
+
+def branch_settled(store: WorkflowStore, group_id: int, *, failed: bool) -> bool:
+    """Count a child branch of ``group_id`` settled: whether its run needs a pass now.
+
+    The row's update serialises the group's children, and each reads the count its
+    own update left, so exactly the one that brings it to zero sees zero. A failure
+    wakes the run at once (a fail-fast join cancels the rest); a group already
+    joined needs nothing.
+    """
+    counted = (
+        store.steps()
+        .filter(id=group_id, status=StepStatus.RUNNING)
+        .update(open_branches=F("open_branches") - 1)
+    )
+    if not counted:
+        return False
+    if failed:
+        return True
+    left = store.steps().filter(id=group_id).values_list("open_branches", flat=True).first()
+    return left is None or left <= 0

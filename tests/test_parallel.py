@@ -1,0 +1,203 @@
+"""Parallel steps and child runs: ``ctx.parallel`` and ``group.join``.
+
+On SQLite, PostgreSQL and MariaDB: branches are started once each and joined in
+start order, replay gives the same answers pass after pass, a fail-fast join
+raises the first failure and cancels the rest, a collecting join returns every
+outcome, and a fan-out's children wake their parent once, not once each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pikku_django.leases import InMemoryLeaseService
+from pikku_django.models import RunStatus, StepAttempt, StepKind, WorkflowRun, WorkflowStep
+from pikku_django.workflows import (
+    FakeClock,
+    JoinPolicy,
+    NonDeterministicWorkflowError,
+    Outcome,
+    StepFailedError,
+    WorkflowContext,
+    WorkflowEngine,
+    step,
+    workflow,
+)
+from pikku_django.workflows.errors import WorkflowDefinitionError
+from tests.conftest import database_alias, db_mark
+
+VENDORS = ("sqlite", "postgres", "mariadb")
+CALLS: list[str] = []
+
+
+@step(name="par_double", retries=0)
+def par_double(n: int) -> int:
+    CALLS.append(f"double:{n}")
+    return n * 2
+
+
+@step(name="par_boom", retries=0)
+def par_boom(n: int) -> int:
+    CALLS.append(f"boom:{n}")
+    raise ValueError(f"boom {n}")
+
+
+@step(name="par_flaky", retries=3, retry_delay=3600)
+def par_flaky(n: int) -> int:
+    CALLS.append(f"flaky:{n}")
+    raise ValueError("not yet")
+
+
+@workflow(name="par_kid")
+def par_kid(ctx: WorkflowContext, n: int) -> int:
+    return int(ctx.do("double", par_double, n)) + 1
+
+
+@workflow(name="par_kid_fails")
+def par_kid_fails(ctx: WorkflowContext, n: int) -> int:
+    return int(ctx.do("boom", par_boom, n))
+
+
+@workflow(name="par_kid_waits")
+def par_kid_waits(ctx: WorkflowContext, n: int) -> Any:
+    return ctx.suspend("held until resumed")
+
+
+@workflow(name="par_mixed")
+def par_mixed(ctx: WorkflowContext, n: int) -> Any:
+    before = ctx.do("before", par_double, n)
+    group = ctx.parallel("fan")
+    for i in range(n):
+        group.do("kid", par_kid, i)
+        group.do("double", par_double, 10 + i)
+    results = group.join()
+    after = ctx.do("after", par_double, len(results))
+    return {"before": before, "results": results, "after": after}
+
+
+@workflow(name="par_fail_fast")
+def par_fail_fast(ctx: WorkflowContext, n: int) -> Any:
+    group = ctx.parallel("fan")
+    waiting = [group.do("waits", par_kid_waits, i) for i in range(n)]
+    group.do("fails", par_kid_fails, 7)
+    group.do("queued_waits", par_flaky, 1)
+    try:
+        group.join()
+    except StepFailedError as failed:
+        return {"failed": failed.step, "waiting": [b.name for b in waiting]}
+    return "joined"
+
+
+@workflow(name="par_collect")
+def par_collect(ctx: WorkflowContext, n: int) -> Any:
+    group = ctx.parallel("fan")
+    group.do("ok", par_kid, 1)
+    group.do("bad", par_kid_fails, 2)
+    group.do("step_ok", par_double, 3)
+    group.do("step_bad", par_boom, 4)
+    outcomes = group.join(JoinPolicy.COLLECT)
+    return [[o.step, o.ok, o.result, (o.error or {}).get("message")] for o in outcomes]
+
+
+@pytest.fixture(params=[pytest.param(v, marks=db_mark(v), id=v) for v in VENDORS])
+def alias(request: pytest.FixtureRequest) -> str:
+    return database_alias(request.param)
+
+
+@pytest.fixture
+def engine(alias: str) -> WorkflowEngine:
+    CALLS.clear()
+    return WorkflowEngine(alias, leases=InMemoryLeaseService(), clock=FakeClock())
+
+
+def _finish(engine: WorkflowEngine, run: WorkflowRun) -> WorkflowRun:
+    engine.run_until_idle()
+    run.refresh_from_db()
+    return run
+
+
+def test_branches_run_once_each_and_join_in_start_order(
+    alias: str, engine: WorkflowEngine
+) -> None:
+    run = _finish(engine, engine.start(par_mixed, 3))
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.output == {"before": 6, "results": [1, 20, 3, 22, 5, 24], "after": 12}
+    assert sorted(CALLS) == sorted(
+        ["double:3", "double:0", "double:1", "double:2", "double:10", "double:11"]
+        + ["double:12", "double:6"]
+    )
+    steps = WorkflowStep.objects.using(alias).filter(run_id=run.id)
+    group = steps.get(name="fan")
+    assert group.kind == StepKind.PARALLEL
+    assert group.status == "succeeded"
+    assert group.open_branches == 0
+    assert set(steps.filter(group=group).values_list("name", flat=True)) == {
+        "kid", "double", "kid#1", "double#1", "kid#2", "double#2",
+    }
+    kids = WorkflowRun.objects.using(alias).filter(workflow="par_kid")
+    assert kids.count() == 3 and set(kids.values_list("status", flat=True)) == {"completed"}
+
+
+def test_replay_after_the_join_answers_the_same_and_runs_nothing_again(
+    alias: str, engine: WorkflowEngine
+) -> None:
+    run = _finish(engine, engine.start(par_mixed, 2))
+    assert run.status == RunStatus.COMPLETED, run.error
+    rows = WorkflowStep.objects.using(alias).count()
+    calls = list(CALLS)
+    # Replay the finished run's function again over its recorded steps, as a pass would.
+    for _ in range(2):
+        WorkflowRun.objects.using(alias).filter(id=run.id).update(status=RunStatus.RUNNING)
+        engine.orchestrate(run.id)
+        again = WorkflowRun.objects.using(alias).get(id=run.id)
+        assert again.status == RunStatus.COMPLETED
+        assert again.output == run.output
+    assert CALLS == calls
+    assert WorkflowStep.objects.using(alias).count() == rows
+
+
+def test_each_pass_before_the_join_creates_nothing_twice(
+    alias: str, engine: WorkflowEngine
+) -> None:
+    run = engine.start(par_mixed, 3)
+    engine.orchestrate(run.id)  # "before" is queued: stored
+    (before,) = engine.claim_due_steps(limit=1)
+    engine.execute_step(before, wake=False)
+    for _ in range(3):
+        engine.orchestrate(run.id)
+    runs = WorkflowRun.objects.using(alias).filter(workflow="par_kid")
+    assert runs.count() == 3
+    group = WorkflowStep.objects.using(alias).get(run_id=run.id, name="fan")
+    assert WorkflowStep.objects.using(alias).filter(group=group).count() == 6
+    run = _finish(engine, run)
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.output["results"] == [1, 20, 3, 22, 5, 24]
+
+
+def test_fail_fast_raises_the_first_failure_and_cancels_the_rest(
+    alias: str, engine: WorkflowEngine
+) -> None:
+    run = _finish(engine, engine.start(par_fail_fast, 3))
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.output == {"failed": "fails", "waiting": ["waits", "waits#1", "waits#2"]}
+    waiting = WorkflowRun.objects.using(alias).filter(workflow="par_kid_waits")
+    assert waiting.count() == 3
+    assert set(waiting.values_list("status", flat=True)) == {RunStatus.CANCELLED}
+    steps = WorkflowStep.objects.using(alias).filter(run_id=run.id)
+    queued = steps.get(name="queued_waits")
+    assert queued.status == "failed" and queued.error["code"] == "BRANCH_CANCELLED"
+    assert steps.get(name="fan").status == "failed"
+    assert {s.status for s in steps.filter(name__startswith="waits")} == {"failed"}
+
+
+def test_collect_returns_every_outcome(alias: str, engine: WorkflowEngine) -> None:
+    run = _finish(engine, engine.start(par_collect, 0))
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.output == [
+        ["ok", True, 3, None],
+        ["bad", False, None, "Step 'boom' failed: ValueError: boom 2"],
+        ["step_ok", True, 6, None],
+        ["step_bad", False, None, "boom 4"],
+    ]
