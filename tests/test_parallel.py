@@ -13,19 +13,16 @@ from typing import Any
 import pytest
 
 from pikku_django.leases import InMemoryLeaseService
-from pikku_django.models import RunStatus, StepAttempt, StepKind, WorkflowRun, WorkflowStep
+from pikku_django.models import RunStatus, StepKind, WorkflowRun, WorkflowStep
 from pikku_django.workflows import (
     FakeClock,
     JoinPolicy,
-    NonDeterministicWorkflowError,
-    Outcome,
     StepFailedError,
     WorkflowContext,
     WorkflowEngine,
     step,
     workflow,
 )
-from pikku_django.workflows.errors import WorkflowDefinitionError
 from tests.conftest import database_alias, db_mark
 
 VENDORS = ("sqlite", "postgres", "mariadb")
@@ -118,15 +115,21 @@ def _finish(engine: WorkflowEngine, run: WorkflowRun) -> WorkflowRun:
     return run
 
 
-def test_branches_run_once_each_and_join_in_start_order(
-    alias: str, engine: WorkflowEngine
-) -> None:
+def test_branches_run_once_each_and_join_in_start_order(alias: str, engine: WorkflowEngine) -> None:
     run = _finish(engine, engine.start(par_mixed, 3))
     assert run.status == RunStatus.COMPLETED, run.error
     assert run.output == {"before": 6, "results": [1, 20, 3, 22, 5, 24], "after": 12}
     assert sorted(CALLS) == sorted(
-        ["double:3", "double:0", "double:1", "double:2", "double:10", "double:11"]
-        + ["double:12", "double:6"]
+        [
+            "double:3",
+            "double:0",
+            "double:1",
+            "double:2",
+            "double:10",
+            "double:11",
+            "double:12",
+            "double:6",
+        ]
     )
     steps = WorkflowStep.objects.using(alias).filter(run_id=run.id)
     group = steps.get(name="fan")
@@ -134,10 +137,16 @@ def test_branches_run_once_each_and_join_in_start_order(
     assert group.status == "succeeded"
     assert group.open_branches == 0
     assert set(steps.filter(group=group).values_list("name", flat=True)) == {
-        "kid", "double", "kid#1", "double#1", "kid#2", "double#2",
+        "kid",
+        "double",
+        "kid#1",
+        "double#1",
+        "kid#2",
+        "double#2",
     }
     kids = WorkflowRun.objects.using(alias).filter(workflow="par_kid")
-    assert kids.count() == 3 and set(kids.values_list("status", flat=True)) == {"completed"}
+    assert kids.count() == 3
+    assert set(kids.values_list("status", flat=True)) == {"completed"}
 
 
 def test_replay_after_the_join_answers_the_same_and_runs_nothing_again(
@@ -154,7 +163,7 @@ def test_replay_after_the_join_answers_the_same_and_runs_nothing_again(
         again = WorkflowRun.objects.using(alias).get(id=run.id)
         assert again.status == RunStatus.COMPLETED
         assert again.output == run.output
-    assert CALLS == calls
+    assert calls == CALLS
     assert WorkflowStep.objects.using(alias).count() == rows
 
 
@@ -187,7 +196,8 @@ def test_fail_fast_raises_the_first_failure_and_cancels_the_rest(
     assert set(waiting.values_list("status", flat=True)) == {RunStatus.CANCELLED}
     steps = WorkflowStep.objects.using(alias).filter(run_id=run.id)
     queued = steps.get(name="queued_waits")
-    assert queued.status == "failed" and queued.error["code"] == "BRANCH_CANCELLED"
+    assert queued.status == "failed"
+    assert queued.error["code"] == "BRANCH_CANCELLED"
     assert steps.get(name="fan").status == "failed"
     assert {s.status for s in steps.filter(name__startswith="waits")} == {"failed"}
 

@@ -32,7 +32,6 @@ from pikku_django.workflows.errors import (
 )
 
 
-
 class Steps(Protocol):
     """What a group needs of the workflow context: its step naming and memo."""
 
@@ -42,6 +41,7 @@ class Steps(Protocol):
     def _step_name(self, name: object, *, internal: bool = False) -> str: ...
 
     def _existing(self, name: str, kind: str, function: str) -> WorkflowStep | None: ...
+
 
 __all__ = ["Branch", "JoinPolicy", "Outcome", "ParallelGroup"]
 
@@ -242,8 +242,9 @@ class ParallelGroup:
             if failed:
                 first = min(failed, key=lambda s: (s.updated_at, s.id))
                 self._cancel([s for s in steps if not settled(s)])
-                self._settle(StepStatus.FAILED, {"policy": policy.value, "step": first.name},
-                             first.error)
+                self._settle(
+                    StepStatus.FAILED, {"policy": policy.value, "step": first.name}, first.error
+                )
                 return
         waiting = [s for s in steps if not settled(s)]
         if not waiting:
