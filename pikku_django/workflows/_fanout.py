@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, overload
 
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
 from pikku_django.workflows import registry
-from pikku_django.workflows._branches import branch_opened
+from pikku_django.workflows._child_batch import BATCH, NewChild, store_children
 from pikku_django.workflows._inline_steps import fresh
 from pikku_django.workflows._lifecycle import RunLifecycle
 from pikku_django.workflows._recorder import StepRecorder
@@ -38,7 +38,7 @@ class Steps(Protocol):
     _recorder: StepRecorder
     _seen: defaultdict[str, int]
 
-    def _step_name(self, name: object, *, internal: bool = False) -> str: ...
+    def _step_name(self, name: object, *, internal: bool = False, branch: bool = False) -> str: ...
 
     def _existing(self, name: str, kind: str, function: str) -> WorkflowStep | None: ...
 
@@ -97,6 +97,7 @@ class ParallelGroup:
         self.name = name
         self._row = row
         self._branches: list[Branch] = []
+        self._new: list[NewChild] = []
 
     @property
     def branches(self) -> tuple[Branch, ...]:
@@ -122,7 +123,7 @@ class ParallelGroup:
                 f"Parallel group {self.name!r} was joined: start its branches before join()"
             )
         ctx = self._ctx
-        step_name = ctx._step_name(name)
+        step_name = ctx._step_name(name, branch=True)
         child = registry.get_workflow(fn) if isinstance(fn, str) or _is_workflow(fn) else None
         if child is not None:
             step = ctx._existing(step_name, StepKind.CHILD, child.name)
@@ -144,6 +145,7 @@ class ParallelGroup:
                     f"{options.function or fn!r} runs inline"
                 )
             if ctx._existing(step_name, StepKind.QUEUED, options.function) is None:
+                self.flush()  # stored in the order the workflow reached them
                 self._recorder.queue(step_name, options, data, group=self._row)
         branch = Branch(step_name, self.name)
         self._branches.append(branch)
@@ -154,47 +156,16 @@ class ParallelGroup:
         return self._recorder.recorded(name if n == 0 else f"{name}#{n}") is not None
 
     def _start_child(self, name: str, workflow: str, data: Any) -> None:
-        recorder = self._recorder
         payload = to_json(data, f"The input of child workflow step {name!r}")
-        try:
-            step = self._store_child(name, workflow, payload)
-        except _AlreadyStarted as stored:
-            step = stored.step
-        recorder.remember(step)
+        self._new.append(NewChild(name, workflow, payload))
+        if len(self._new) >= BATCH:
+            self.flush()
 
-    def _store_child(self, name: str, workflow: str, payload: Any) -> WorkflowStep:
-        recorder, run = self._recorder, self._recorder.run
-        store, inline = recorder.store, recorder.inline
-        with store.atomic():
-            # The group's row first: it is the one row every child's end updates.
-            branch_opened(store, self._row.id)
-            child = store.runs().create(
-                workflow=workflow,
-                input=payload,
-                inline=run.inline,
-                priority=run.priority,
-                wake_at=None if run.inline else recorder.clock.now(),
-                trace_context=run.trace_context,
-            )
-            step = inline.create(
-                run,
-                name=name,
-                kind=StepKind.CHILD,
-                function=workflow,
-                input=payload,
-                status=StepStatus.RUNNING,
-                attempt=1,
-                retries=0,
-                child_run=child,
-                group=self._row,
-            )
-            if step.child_run_id != child.id:
-                # Stored by another pass of this run (its lease lapsed): that one stands.
-                raise _AlreadyStarted(step)
-            store.attempts().create(step_id=step.id, attempt=1)
-            recorder.states.events.run_started(child, parent_run_id=run.id)
-            store.notify()
-        return step
+    def flush(self) -> None:
+        """Store the child branches reached since the last flush (the workflow's next
+        step or the join does this)."""
+        new, self._new = self._new, []
+        store_children(self._recorder, self._row, new)
 
     # -- joining ----------------------------------------------------------------------
 
@@ -209,6 +180,7 @@ class ParallelGroup:
         failure is raised as :class:`StepFailedError` and the rest are cancelled), or
         every branch's :class:`Outcome` (``COLLECT``)."""
         policy = JoinPolicy(policy)
+        self.flush()
         row = self._row
         if row.status == StepStatus.RUNNING:
             self._decide(policy)
@@ -272,14 +244,6 @@ class ParallelGroup:
                     lifecycle.cancel(step.child_run_id)
             elif step.kind == StepKind.QUEUED:
                 states.finish_marker(step, StepStatus.FAILED, error=CANCELLED, final=True)
-
-
-class _AlreadyStarted(Exception):
-    """Rolls back a child run whose branch another pass stored first."""
-
-    def __init__(self, step: WorkflowStep) -> None:
-        super().__init__(step.name)
-        self.step = step
 
 
 def _outcome(step: WorkflowStep) -> Outcome:

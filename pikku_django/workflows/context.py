@@ -40,10 +40,15 @@ class WorkflowContext:
         self.run_id = recorder.run.id
         self.input = fresh(recorder.run.input)
         self._seen: defaultdict[str, int] = defaultdict(int)
+        #: This pass's parallel groups: their new branches are stored at the next step.
+        self._groups: list[ParallelGroup] = []
 
     # -- naming -----------------------------------------------------------------
 
-    def _step_name(self, name: object, *, internal: bool = False) -> str:
+    def _step_name(self, name: object, *, internal: bool = False, branch: bool = False) -> str:
+        if not branch:
+            for group in self._groups:
+                group.flush()
         if not isinstance(name, str) or not name:
             raise WorkflowDefinitionError(f"A step name must be a non-empty str, got {name!r}")
         if "#" in name and not internal:
@@ -184,7 +189,9 @@ class WorkflowContext:
     def parallel(self, name: str = "parallel") -> ParallelGroup:
         """A group of steps and child runs started without waiting for each:
         ``group.do(...)`` starts a branch, ``group.join()`` waits for them all."""
-        return open_group(self, name)
+        group = open_group(self, name)
+        self._groups.append(group)
+        return group
 
     def now(self) -> datetime:
         """The engine clock's time (use a step for anything you need replayed identically)."""
