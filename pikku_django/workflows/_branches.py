@@ -9,11 +9,6 @@ from pikku_django.models import StepStatus
 from pikku_django.workflows.store import WorkflowStore
 
 
-def branch_opened(store: WorkflowStore, group_id: int) -> None:
-    """Count one more open child branch (in the transaction that starts it)."""
-    store.steps().filter(id=group_id).update(open_branches=F("open_branches") + 1)
-
-
 def branch_settled(store: WorkflowStore, group_id: int, *, failed: bool) -> bool:
     """Count a child branch of ``group_id`` settled: whether its run needs a pass now.
 
@@ -31,5 +26,5 @@ def branch_settled(store: WorkflowStore, group_id: int, *, failed: bool) -> bool
         return False
     if failed:
         return True
-    left = store.steps().filter(id=group_id).values_list("open_branches", flat=True).first()
-    return left is None or left <= 0
+    left = store.steps().order_by().filter(id=group_id).values_list("open_branches", flat=True)
+    return any(n <= 0 for n in left)
