@@ -87,4 +87,5 @@ def blocked_pass(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
         time.sleep(300)
     return ctx.do("work", "testapp.slow", {"started": input["started"] + ".step", "seconds": 0})
 
+
 from tests.testapp import parallel_workflows  # noqa: E402, F401  (registers the fan-out)
