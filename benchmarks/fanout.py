@@ -95,7 +95,7 @@ class Bench:
         t0 = time.perf_counter()
         run = self.engine.start("fanout.parent", {"children": n})
         done = WorkflowRun.objects.filter(id=run.id, status__in=RunStatus.values[2:])
-        wait_for(done.exists, 1800, "the fan-out", every=0.005)
+        wait_for(done.exists, 1800, "the fan-out")
         elapsed = time.perf_counter() - t0
         run.refresh_from_db()
         expected = sum(range(1, n + 1))
