@@ -17,6 +17,8 @@ from pikku_django.models import RunStatus, StepKind, WorkflowRun, WorkflowStep
 from pikku_django.workflows import (
     FakeClock,
     JoinPolicy,
+    NonDeterministicWorkflowError,
+    Outcome,
     StepFailedError,
     WorkflowContext,
     WorkflowEngine,
@@ -95,6 +97,7 @@ def par_collect(ctx: WorkflowContext, n: int) -> Any:
     group.do("step_ok", par_double, 3)
     group.do("step_bad", par_boom, 4)
     outcomes = group.join(JoinPolicy.COLLECT)
+    assert all(isinstance(o, Outcome) for o in outcomes)
     return [[o.step, o.ok, o.result, (o.error or {}).get("message")] for o in outcomes]
 
 
@@ -211,3 +214,121 @@ def test_collect_returns_every_outcome(alias: str, engine: WorkflowEngine) -> No
         ["step_ok", True, 6, None],
         ["step_bad", False, None, "boom 4"],
     ]
+
+
+@pytest.mark.django_db
+def test_the_run_page_shows_a_groups_branches_side_by_side(admin_client: Any) -> None:
+    from django.urls import reverse
+
+    from pikku_django.workflows.api import reset_engine
+
+    reset_engine()
+    engine = WorkflowEngine("default", leases=InMemoryLeaseService(), clock=FakeClock())
+    run = _finish(engine, engine.start(par_collect, 0))
+    page = admin_client.get(reverse("admin:pikku_django_workflowrun_change", args=[run.pk]))
+    assert page.status_code == 200
+    html = page.content.decode()
+    group = WorkflowStep.objects.get(run_id=run.id, name="fan")
+    assert f'id="pikku-parallel-{group.pk}"' in html
+    assert "4 branches, side by side" in html
+    for branch in WorkflowStep.objects.filter(group=group):
+        # Each branch is a lane of its group, not a row of the timeline.
+        assert f'id="pikku-lane-{branch.pk}"' in html
+        assert f'id="pikku-step-{branch.pk}"' not in html
+    lanes = html[html.index('class="pikku-lanes"') :]
+    assert lanes.index("ok") < lanes.index("bad") < lanes.index("step_ok")
+    assert "boom 4" in lanes
+
+
+@workflow(name="par_fan")
+def par_fan(ctx: WorkflowContext, n: int) -> Any:
+    group = ctx.parallel("fan")
+    for i in range(n):
+        group.do("kid", par_kid, i)
+    return group.join()
+
+
+def test_the_children_wake_their_parent_once_the_last_one_ends(
+    alias: str, engine: WorkflowEngine
+) -> None:
+    run = engine.start(par_fan, 30)
+    engine.orchestrate(run.id)
+    run.refresh_from_db()
+    assert run.wake_at is None  # parked on the join
+    wakes = run.wakes
+    kids = list(WorkflowRun.objects.using(alias).filter(workflow="par_kid").order_by("created_at"))
+    assert len(kids) == 30
+    group = WorkflowStep.objects.using(alias).get(run_id=run.id, name="fan")
+    assert group.open_branches == 30
+    for n, kid in enumerate(kids):
+        engine.orchestrate(kid.id)  # the kid's step is queued: claimed and run below
+        (claimed,) = engine.claim_due_steps(limit=1)
+        engine.execute_step(claimed)
+        engine.orchestrate(kid.id)
+        kid.refresh_from_db()
+        assert kid.status == RunStatus.COMPLETED, kid.error
+        run.refresh_from_db()
+        if n < len(kids) - 1:
+            assert (run.wakes, run.wake_at) == (wakes, None), f"woken by child {n}"
+    assert run.wakes == wakes + 1
+    assert run.wake_at is not None
+    group.refresh_from_db()
+    assert group.open_branches == 0
+    engine.orchestrate(run.id)
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.output == [2 * i + 1 for i in range(30)]
+
+
+def test_a_failed_child_wakes_its_parent_at_once(alias: str, engine: WorkflowEngine) -> None:
+    run = engine.start(par_fail_fast, 2)
+    engine.orchestrate(run.id)
+    run.refresh_from_db()
+    wakes = run.wakes
+    (failing,) = WorkflowRun.objects.using(alias).filter(workflow="par_kid_fails")
+    engine.orchestrate(failing.id)
+    (claimed,) = [c for c in engine.claim_due_steps(limit=10) if c.run_id == failing.id]
+    engine.execute_step(claimed)
+    engine.orchestrate(failing.id)
+    failing.refresh_from_db()
+    assert failing.status == RunStatus.FAILED
+    run.refresh_from_db()
+    assert run.wakes > wakes
+    assert run.wake_at is not None
+
+
+def test_bad_branches_are_clear_errors_and_store_nothing(
+    alias: str, engine: WorkflowEngine
+) -> None:
+    @workflow(name="par_bad_inline")
+    def bad_inline(ctx: WorkflowContext, n: int) -> Any:
+        ctx.parallel("fan").do("inline", lambda x: x, n)
+
+    run = _finish(engine, engine.start(bad_inline, 1))
+    assert run.status == RunStatus.FAILED
+    assert "must be a registered step function" in run.error["message"]
+    assert not WorkflowStep.objects.using(alias).filter(run_id=run.id, name="inline").exists()
+
+
+def test_joining_again_with_another_policy_is_nondeterministic(
+    alias: str, engine: WorkflowEngine
+) -> None:
+    policies = [JoinPolicy.COLLECT]
+
+    @workflow(name="par_flip")
+    def flip(ctx: WorkflowContext, n: int) -> Any:
+        group = ctx.parallel("fan")
+        group.do("kid", par_kid, n)
+        group.join(policies[0])
+        return ctx.do("after", par_double, n)
+
+    run = engine.start(flip, 1)
+    engine.run_until_idle()
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED, run.error
+    WorkflowRun.objects.using(alias).filter(id=run.id).update(status=RunStatus.RUNNING)
+    policies[0] = JoinPolicy.FAIL_FAST
+    engine.orchestrate(run.id)
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert run.error["type"].endswith(NonDeterministicWorkflowError.__name__)
