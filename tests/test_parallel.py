@@ -332,3 +332,27 @@ def test_joining_again_with_another_policy_is_nondeterministic(
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
     assert run.error["type"].endswith(NonDeterministicWorkflowError.__name__)
+
+
+def test_an_inline_run_drives_its_branches_in_this_process(
+    alias: str, engine: WorkflowEngine
+) -> None:
+    run = engine.start(par_mixed, 2, inline=True)
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.output == {"before": 4, "results": [1, 20, 3, 22], "after": 8}
+    kids = WorkflowRun.objects.using(alias).filter(workflow="par_kid")
+    assert set(kids.values_list("inline", "status")) == {(True, RunStatus.COMPLETED)}
+
+
+def test_cancelling_the_parent_cancels_every_child_branch(
+    alias: str, engine: WorkflowEngine
+) -> None:
+    run = engine.start(par_fail_fast, 3)
+    engine.orchestrate(run.id)  # stores the branches; nothing has run yet
+    engine.cancel(run.id)
+    kids = WorkflowRun.objects.using(alias).exclude(id=run.id)
+    assert kids.count() == 4
+    assert set(kids.values_list("status", flat=True)) == {RunStatus.CANCELLED}
+    engine.run_until_idle()
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
