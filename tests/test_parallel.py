@@ -356,3 +356,25 @@ def test_cancelling_the_parent_cancels_every_child_branch(
     engine.run_until_idle()
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED
+
+
+@workflow(name="par_fail_fast_uncaught")
+def par_fail_fast_uncaught(ctx: WorkflowContext, n: int) -> Any:
+    group = ctx.parallel("fan")
+    group.do("fails", par_kid_fails, 7)
+    group.do("waits", par_kid_waits, n)
+    return group.join()
+
+
+def test_a_run_failed_by_a_fail_fast_join_is_not_retried(
+    alias: str, engine: WorkflowEngine
+) -> None:
+    from pikku_django.workflows import WorkflowRunStateError
+
+    run = _finish(engine, engine.start(par_fail_fast_uncaught, 1))
+    assert run.status == RunStatus.FAILED
+    assert "Step 'fails' failed" in run.error["message"]
+    with pytest.raises(WorkflowRunStateError, match=r"parallel group 'fan'.*start a new run"):
+        engine.retry(run.id)
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED

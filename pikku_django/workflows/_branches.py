@@ -3,9 +3,11 @@ fan-out is woken once, by its last child (or a failure), not by each child."""
 
 from __future__ import annotations
 
+import uuid
+
 from django.db.models import F
 
-from pikku_django.models import StepStatus
+from pikku_django.models import StepKind, StepStatus
 from pikku_django.workflows.store import WorkflowStore
 
 
@@ -28,3 +30,14 @@ def branch_settled(store: WorkflowStore, group_id: int, *, failed: bool) -> bool
         return True
     left = store.steps().order_by().filter(id=group_id).values_list("open_branches", flat=True)
     return any(n <= 0 for n in left)
+
+
+def failed_group(store: WorkflowStore, run_id: uuid.UUID) -> str | None:
+    """The name of a parallel group of the run whose fail-fast join failed, if any."""
+    found = (
+        store.steps()
+        .order_by()
+        .filter(run_id=run_id, kind=StepKind.PARALLEL, status=StepStatus.FAILED)
+        .values_list("name", flat=True)
+    )
+    return next(iter(found), None)
