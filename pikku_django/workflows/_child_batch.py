@@ -14,7 +14,7 @@ from pikku_django.workflows._runs import LEASE_TAKEN_RETRY
 from pikku_django.workflows._values import Pause
 
 #: The most branches one transaction writes.
-BATCH = 500
+BATCH = 100
 
 
 @dataclass(frozen=True)
