@@ -23,6 +23,7 @@ _WORKFLOW_API = {
     "WorkflowEngine",
     "StepFailedError",
     "FakeClock",
+    "JoinPolicy",
 }
 
 
@@ -39,6 +40,7 @@ __all__ = [
     "FakeClock",
     "HeldLease",
     "InMemoryLeaseService",
+    "JoinPolicy",
     "Lease",
     "LeaseError",
     "LeaseLostError",
