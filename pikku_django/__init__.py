@@ -27,6 +27,7 @@ _WORKFLOW_API = {
     "send_event_with_start",
     "wait_for_run",
     "await_run",
+    "JoinPolicy",
 }
 
 
@@ -43,6 +44,7 @@ __all__ = [
     "FakeClock",
     "HeldLease",
     "InMemoryLeaseService",
+    "JoinPolicy",
     "Lease",
     "LeaseError",
     "LeaseLostError",

@@ -1,5 +1,6 @@
 """Durable workflows: functions replayed step by step, run by ``pikku_worker``."""
 
+from pikku_django.workflows._fanout import Branch, JoinPolicy, Outcome, ParallelGroup
 from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._signals_in import (
     TIMED_OUT,
@@ -47,6 +48,7 @@ __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "TIMED_OUT",
+    "Branch",
     "ClaimedStep",
     "Clock",
     "EngineConfig",
@@ -54,9 +56,12 @@ __all__ = [
     "EventTimeout",
     "FakeClock",
     "Intake",
+    "JoinPolicy",
     "NewRun",
     "NonDeterministicWorkflowError",
     "NotSerializableError",
+    "Outcome",
+    "ParallelGroup",
     "QueueSettings",
     "Rate",
     "RunKey",

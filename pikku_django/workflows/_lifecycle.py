@@ -14,6 +14,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._branches import failed_group
 from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._run_waits import announce_run_end
 from pikku_django.workflows._runs import RunStates
@@ -166,6 +167,12 @@ class RunLifecycle:
     def retry(self, run_id: uuid.UUID | str) -> WorkflowRun:
         """Reopen a failed run at the step whose failure failed it."""
         run = self.get(run_id)
+        group = failed_group(self.store, run.id)
+        if group is not None:
+            raise WorkflowRunStateError(
+                f"Run {run.id} failed at the fail-fast join of parallel group {group!r}, "
+                "which is not reopened: start a new run"
+            )
         with self.store.atomic():
             reopened = self._reopen_failed_run(run)
             if not run.inline:

@@ -92,11 +92,15 @@ class StepRecorder:
 
     # -- queued steps ----------------------------------------------------------------
 
-    def queue(self, name: str, options: StepOptions, data: Any) -> WorkflowStep:
-        """Store a new queued step: claimed by this pass's claimer (Pause), or scheduled."""
+    def queue(
+        self, name: str, options: StepOptions, data: Any, *, group: WorkflowStep | None = None
+    ) -> WorkflowStep:
+        """Store a new queued step: claimed by this pass's claimer (Pause), or scheduled
+        (always, for a branch of a parallel ``group``: the pass goes on)."""
         payload = to_json(data, f"The input of step {name!r}")
         if (
-            self.claimer is not None
+            group is None
+            and self.claimer is not None
             and self.claimer.takes(options)
             # A limited queue's steps are claimed where its limit is counted.
             and self.config.concurrency_of(options.queue) is None
@@ -118,6 +122,7 @@ class StepRecorder:
             queue=options.queue,
             transactional=options.transactional,
             available_at=self.clock.now(),
+            group=group,
         )
         if not missing:
             self.store.notify()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
 from pikku_django.workflows import _published, _signals_in, _versions, registry
+from pikku_django.workflows._fanout import ParallelGroup, open_group
 from pikku_django.workflows._inline_steps import fresh
 from pikku_django.workflows._options import retry_delay_for
 from pikku_django.workflows._values import Pause, StepOptions
@@ -41,10 +42,15 @@ class WorkflowContext:
         self._seen: defaultdict[str, int] = defaultdict(int)
         #: Whether the run recorded ctx.patched markers (read once a pass, when needed).
         self._patch_markers: bool | None = None
+        #: This pass's parallel groups: their new branches are stored at the next step.
+        self._groups: list[ParallelGroup] = []
 
     # -- naming -----------------------------------------------------------------
 
-    def _step_name(self, name: object, *, internal: bool = False) -> str:
+    def _step_name(self, name: object, *, internal: bool = False, branch: bool = False) -> str:
+        if not branch:
+            for group in self._groups:
+                group.flush()
         if not isinstance(name, str) or not name:
             raise WorkflowDefinitionError(f"A step name must be a non-empty str, got {name!r}")
         if "#" in name and not internal:
@@ -205,6 +211,13 @@ class WorkflowContext:
         ``change_id``, False for a run that was already past it under older code;
         the same on every replay, so both paths replay."""
         return _versions.patched(self, change_id)
+
+    def parallel(self, name: str = "parallel") -> ParallelGroup:
+        """A group of steps and child runs started without waiting for each:
+        ``group.do(...)`` starts a branch, ``group.join()`` waits for them all."""
+        group = open_group(self, name)
+        self._groups.append(group)
+        return group
 
     def now(self) -> datetime:
         """The engine clock's time (use a step for anything you need replayed identically)."""

@@ -117,3 +117,6 @@ else:
         n = ctx.do("a", deploy_add, {"n": inp["n"]})
         ctx.wait_for_event("go")
         return {"path": "old", "n": ctx.do("b", deploy_add, {"n": n}), "pid": os.getpid()}
+
+
+from tests.testapp import parallel_workflows  # noqa: E402, F401  (registers the fan-out)
