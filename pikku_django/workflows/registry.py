@@ -14,6 +14,11 @@ from typing import Any, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
+from pikku_django.workflows._concurrency import (
+    KeyDefault,
+    check_concurrency_limit,
+    check_key_default,
+)
 from pikku_django.workflows.durations import Duration, parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,6 +51,10 @@ class WorkflowDefinition:
     schedule: str | None = None
     #: The time zone ``schedule`` is read in (None: PIKKU['SCHEDULE_TIMEZONE']).
     timezone: str | None = None
+    #: Its runs' concurrency key: text, or a function of the input (None: no key).
+    concurrency_key: KeyDefault | None = None
+    #: How many runs sharing a key may be in progress at once.
+    concurrency_limit: int = 1
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,8 @@ def workflow(
     delay: Duration | None = None,
     schedule: str | None = None,
     timezone: str | None = None,
+    concurrency_key: KeyDefault | None = None,
+    concurrency_limit: int = 1,
 ) -> Callable[[F], F]: ...
 
 
@@ -128,6 +139,8 @@ def workflow(
     delay: Duration | None = None,
     schedule: str | None = None,
     timezone: str | None = None,
+    concurrency_key: KeyDefault | None = None,
+    concurrency_limit: int = 1,
 ) -> Any:
     """Register ``fn(ctx, input)`` as a workflow, under ``name`` or its function name.
 
@@ -137,11 +150,18 @@ def workflow(
     first pass may be claimed) are its runs' defaults; ``start_workflow`` may
     override each. ``schedule`` (a cron expression, read in ``timezone``) starts a
     run on each tick, under the workflow's name as the schedule's name.
+    ``concurrency_key`` (text, or a function of the input returning it) makes runs
+    sharing a key run ``concurrency_limit`` (default 1) at a time, in start order.
     """
     check_priority(priority)
     if queue is not None:
         check_queue(queue)
     wait = None if delay is None else check_delay(delay)
+    try:
+        key = None if concurrency_key is None else check_key_default(concurrency_key)
+        check_concurrency_limit(concurrency_limit)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"workflow {exc}") from None
     for option, value in (("schedule", schedule), ("timezone", timezone)):
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ImproperlyConfigured(f"workflow {option}= must be a non-empty str, not {value!r}")
@@ -150,7 +170,9 @@ def workflow(
 
     def register(func: F) -> F:
         wf_name = _check_name(name or func.__name__, "workflow")
-        definition = WorkflowDefinition(wf_name, func, priority, queue, wait, schedule, timezone)
+        definition = WorkflowDefinition(
+            wf_name, func, priority, queue, wait, schedule, timezone, key, concurrency_limit
+        )
         _register(_workflows, wf_name, definition, "workflow")
         func.__pikku_workflow__ = wf_name  # type: ignore[attr-defined]
         return func
