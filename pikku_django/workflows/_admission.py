@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import connections
@@ -50,9 +51,9 @@ class KeyState:
         return max(self.limit - self.in_progress, 0)
 
 
-def waiting_runs(store: WorkflowStore) -> QuerySet[WorkflowRun]:
-    """Runs waiting for a slot of their key that may start now (start_at reached)."""
-    now = timezone.now()
+def waiting_runs(store: WorkflowStore, now: datetime | None = None) -> QuerySet[WorkflowRun]:
+    """Runs waiting for a slot of their key that may start at ``now`` (start_at reached)."""
+    now = now or timezone.now()
     return store.runs().filter(
         Q(start_at__isnull=True) | Q(start_at__lte=now),
         key_waiting=True,
@@ -74,10 +75,10 @@ def key_state(store: WorkflowStore, key: str, limit: int) -> KeyState:
     return KeyState(key, busy, limit)
 
 
-def _keys(store: WorkflowStore, limit: int) -> list[str]:
+def _keys(store: WorkflowStore, limit: int, now: datetime) -> list[str]:
     """Keys with waiting runs, the longest waiting first."""
     rows = (
-        waiting_runs(store)
+        waiting_runs(store, now)
         .values("concurrency_key")
         .annotate(first=Min("created_at"))
         .order_by("first", "concurrency_key")
@@ -86,38 +87,38 @@ def _keys(store: WorkflowStore, limit: int) -> list[str]:
     return [key for key in rows if key is not None]
 
 
-def _head(store: WorkflowStore, key: str, count: int) -> list[tuple[Any, int]]:
+def _head(store: WorkflowStore, key: str, count: int, now: datetime) -> list[tuple[Any, int]]:
     """The oldest ``count`` waiting runs of ``key``: (id, limit) each."""
     return list(
-        waiting_runs(store)
+        waiting_runs(store, now)
         .filter(concurrency_key=key)
         .order_by("created_at", "id")
         .values_list("id", "concurrency_limit")[:count]
     )
 
 
-def admit(store: WorkflowStore, limit: int) -> int:
-    """Make due the oldest waiting runs of up to ``limit`` keys with a free slot:
-    how many runs were admitted."""
+def admit(store: WorkflowStore, limit: int, now: datetime | None = None) -> int:
+    """Make due at ``now`` the oldest waiting runs of up to ``limit`` keys with a free
+    slot: how many runs were admitted."""
     global _last_seen_waiting
-    if not waiting_runs(store).exists():
+    now = now or timezone.now()
+    if not waiting_runs(store, now).exists():
         return 0
     _last_seen_waiting = time.monotonic()
     admitted = 0
     with store.claims_serialised(), store.limited_claim([ADMISSION_LOCK]):
-        for key in _keys(store, limit):
-            head = _head(store, key, 1)
+        for key in _keys(store, limit, now):
+            head = _head(store, key, 1, now)
             if not head:
                 continue
             state = key_state(store, key, head[0][1])
             if state.free <= 0:
                 continue
-            ids = [run_id for run_id, _ in _head(store, key, state.free)]
-            now = timezone.now()
+            ids = [run_id for run_id, _ in _head(store, key, state.free, now)]
             made = (
                 store.runs()
                 .filter(id__in=ids, key_waiting=True, status=RunStatus.RUNNING)
-                .update(key_waiting=False, wake_at=now, updated_at=now)
+                .update(key_waiting=False, wake_at=now, updated_at=timezone.now())
             )
             admitted += made
             logger.debug("Key %r: %d run(s) admitted, %d in progress", key, made, state.in_progress)
@@ -126,10 +127,11 @@ def admit(store: WorkflowStore, limit: int) -> int:
     return admitted
 
 
-def admittable(store: WorkflowStore, limit: int = 100) -> bool:
+def admittable(store: WorkflowStore, now: datetime | None = None, limit: int = 100) -> bool:
     """Whether a waiting run's key has a free slot (a look, nothing written)."""
-    for key in _keys(store, limit):
-        head = _head(store, key, 1)
+    now = now or timezone.now()
+    for key in _keys(store, limit, now):
+        head = _head(store, key, 1, now)
         if head and key_state(store, key, head[0][1]).free > 0:
             return True
     return False
@@ -142,10 +144,16 @@ class KeyAdmission:
     notify_payload: str | None = NOTIFY_PAYLOAD
 
     def start_waiting(self, engine: RunStarter, limit: int) -> int:
-        return admit(engine.store, limit)
+        return admit(engine.store, limit, _now(engine))
 
     def has_waiting(self, engine: RunStarter) -> bool:
-        return admittable(engine.store)
+        return admittable(engine.store, _now(engine))
+
+
+def _now(engine: RunStarter) -> datetime:
+    """The engine's clock (a test's fake one), else the wall clock."""
+    clock = getattr(engine, "clock", None)
+    return clock.now() if clock is not None else timezone.now()
 
 
 @receiver(signals.run_finished, dispatch_uid="pikku_django.concurrency_keys")

@@ -86,3 +86,9 @@ def blocked_pass(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
         marker.write_text(str(os.getpid()))
         time.sleep(300)
     return ctx.do("work", "testapp.slow", {"started": input["started"] + ".step", "seconds": 0})
+
+
+@workflow(name="testapp.keyed_slow")
+def keyed_slow(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
+    """One slow step; started with a concurrency key (tests/test_limits_workers.py)."""
+    return ctx.do("slow", "testapp.slow", input)
