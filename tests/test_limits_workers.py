@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from pikku_django.models import Lease, QueueClaim, RunStatus, StepAttempt, WorkflowRun
@@ -58,6 +58,8 @@ def _clear(alias: str) -> None:
 @settings(
     max_examples=2,
     deadline=None,
+    # Each example runs worker processes: a failure is reported as found, unshrunk.
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
