@@ -100,9 +100,7 @@ def test_runs_sharing_a_key_start_one_at_a_time_in_start_order(alias: str) -> No
     statuses = WorkflowRun.objects.using(alias).values_list("status", flat=True)
     assert set(statuses) == {RunStatus.COMPLETED}
     first_steps = WorkflowStep.objects.using(alias).filter(run__concurrency_key="acct-1")
-    assert list(first_steps.order_by("id").values_list("run_id", flat=True)) == [
-        r.id for r in runs
-    ]
+    assert list(first_steps.order_by("id").values_list("run_id", flat=True)) == [r.id for r in runs]
 
 
 def test_a_keys_limit_lets_that_many_run_at_once(alias: str) -> None:
