@@ -47,10 +47,12 @@ def test_the_queues_page_lays_out_its_tables(
     assert "/login/" not in driver.current_url
     queues = driver.find_element(By.ID, "pikku-queue-limits")
     keys = driver.find_element(By.ID, "pikku-concurrency-keys")
-    assert queues.is_displayed() and keys.is_displayed()
+    assert queues.is_displayed()
+    assert keys.is_displayed()
     row = driver.find_element(By.CSS_SELECTOR, 'tr[data-queue="reports"]')
     cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
-    assert cells[0] == "reports" and cells[4] == "4" and "of 100 per 1 min" in cells[5]
+    assert (cells[0], cells[4]) == ("reports", "4")
+    assert "of 100 per 1 min" in cells[5]
     key_row = driver.find_element(By.CSS_SELECTOR, 'tr[data-key="customer-17"]')
     assert [c.text for c in key_row.find_elements(By.TAG_NAME, "td")] == [
         "customer-17",
@@ -60,7 +62,8 @@ def test_the_queues_page_lays_out_its_tables(
     ]
     # The admin's stylesheet applies: the table is laid out as a table, not bare text.
     assert queues.value_of_css_property("display") != "inline"
-    assert row.size["height"] > 0 and row.size["width"] > 400
+    assert row.size["height"] > 0
+    assert row.size["width"] > 400
     shot = os.environ.get("PIKKU_SCREENSHOT")
     if shot:
         driver.set_window_size(1400, 900)

@@ -222,6 +222,7 @@ def test_the_limits_queries_use_indexes(vendor: str, alias: str) -> None:
         "key_head": lambda: _admission._head(store, "customer-3", 5, now),
         "key_in_progress": lambda: _admission.key_state(store, "customer-3", 1),
         "rate_free": lambda: _rates.free_claims(store, "q7", rate),
+        "rate_prune": lambda: _rates.prune_claims(store, "q7", rate),
         "rate_recent": lambda: _rates.recent_claims(store, "q7", rate),
     }
     problems: list[str] = []

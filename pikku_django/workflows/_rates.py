@@ -10,6 +10,8 @@ claims of a queue are at least one period apart.
 
 from __future__ import annotations
 
+import random
+
 from django.db.models import BigIntegerField, ExpressionWrapper, Value
 from django.db.models.expressions import CombinedExpression
 
@@ -17,6 +19,10 @@ from pikku_django.dbclock import EpochMs
 from pikku_django.models import QueueClaim
 from pikku_django.workflows.queues import Rate
 from pikku_django.workflows.store import WorkflowStore
+
+#: About one look at a queue's rate in this many deletes the claims that no longer
+#: count (they are never counted, so they only take room until then).
+PRUNE_EVERY = 20
 
 
 def _period_start(rate: Rate) -> ExpressionWrapper[CombinedExpression]:
@@ -27,10 +33,19 @@ def _period_start(rate: Rate) -> ExpressionWrapper[CombinedExpression]:
 
 
 def free_claims(store: WorkflowStore, queue: str, rate: Rate) -> int:
-    """How many claims ``queue`` may make now; claims older than a period are deleted."""
-    claims = QueueClaim.objects.using(store.using).filter(queue=queue)
-    claims.filter(claimed_ms__lte=_period_start(rate)).delete()
-    return max(rate.count - claims.filter(claimed_ms__gt=_period_start(rate)).count(), 0)
+    """How many claims ``queue`` may make now; now and then (one look in
+    :data:`PRUNE_EVERY`) claims older than a period are deleted too."""
+    if random.random() < 1 / PRUNE_EVERY:
+        prune_claims(store, queue, rate)
+    return max(rate.count - recent_claims(store, queue, rate), 0)
+
+
+def prune_claims(store: WorkflowStore, queue: str, rate: Rate) -> int:
+    """Delete the claims of ``queue`` that no longer count against its rate: how many."""
+    old = QueueClaim.objects.using(store.using).filter(
+        queue=queue, claimed_ms__lte=_period_start(rate)
+    )
+    return int(old.delete()[0])
 
 
 def record_claim(store: WorkflowStore, queue: str) -> None:
