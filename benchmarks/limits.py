@@ -169,7 +169,7 @@ def main() -> int:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    runs, rounds = (60, 1) if args.quick else (args.runs, args.rounds)
+    runs, rounds = (30, 1) if args.quick else (args.runs, args.rounds)
 
     def say(line: str) -> None:
         print(line, flush=True)
