@@ -8,7 +8,7 @@ baseline measured in the same run, rounds of each alternating:
   steps made ready first, then claimed and run by the worker;
 - the same with a rate limit far above what the worker reaches (``10000/1s``, and
   ``100000/1m``, whose window holds every claim of the last minute);
-- steps per second of runs of five no-op steps with 100 distinct priorities, against
+- steps per second of ``runs`` runs of five no-op steps with 100 distinct priorities, against
   the same runs all of one priority (target at least 0.9).
 
 The database is ``PIKKU_BENCH_WORKFLOWS_URL`` (default ``.../pikku_bench_limits``);
@@ -132,7 +132,7 @@ def measure(bench: Bench, runs: int, rounds: int, say: Any) -> dict[str, Any]:
             say(f"round {n + 1}: {queue} {samples[queue][-1]:.0f} claims/s")
         for key, priorities in (("one", 1), ("hundred", 100)):
             clear()
-            samples[key].append(bench.steps_per_second(max(runs // 5, 20), priorities))
+            samples[key].append(bench.steps_per_second(runs, priorities))
             say(f"round {n + 1}: {priorities} priorities {samples[key][-1]:.0f} steps/s")
     med = {k: statistics.median(v) for k, v in samples.items()}
 
