@@ -1,7 +1,7 @@
 """``python benchmarks/limits.py [--quick]``: what queue limits and priorities cost.
 
 On PostgreSQL, one in-process worker of four threads; each figure next to its
-baseline measured in the same run, rounds of each alternating:
+baseline measured in the same run, in rounds (each starting at another claim figure):
 
 - claims per second from a queue with a concurrency limit of 8, against the same
   queue without limits (target at least 0.8): ``runs`` runs of one no-op step, their
