@@ -239,17 +239,6 @@ def check_queue_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.
                 id="pikku_django.W011",
             )
         )
-    if not messages:
-        rated = sorted(q.name for q in parse_queues(pikku_settings.QUEUES).values() if q.rate)
-        if rated:
-            messages.append(
-                checks.Warning(
-                    f"PIKKU['QUEUES'] gives a rate to {', '.join(map(repr, rated))}: rate "
-                    "limits are validated but not enforced yet.",
-                    hint="Use concurrency to bound a queue meanwhile.",
-                    id="pikku_django.W012",
-                )
-            )
     return messages
 
 

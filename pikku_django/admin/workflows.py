@@ -56,6 +56,7 @@ from pikku_django.admin.formatting import (
     workflow_title,
 )
 from pikku_django.admin.queries import queues, run_duration, search_filter, with_list_columns
+from pikku_django.admin.queues_page import QueuesPageMixin
 from pikku_django.admin.run_events import events_table, published_block
 from pikku_django.admin.run_page import build_timeline, tree_html
 from pikku_django.admin.steering import OPERATIONS, Operation, RunSteeringMixin, log_operation
@@ -192,7 +193,9 @@ class QueueFilter(admin.SimpleListFilter):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, admin.ModelAdmin):
+class WorkflowRunAdmin(
+    QueuesPageMixin, DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, admin.ModelAdmin
+):
     """Runs, read-only, with their step timeline and tree; steered by buttons and actions."""
 
     list_display = (
@@ -205,12 +208,19 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
         "attempts",
         "reason",
         "parent",
+        "queue_name",
+        "priority",
+        "key",
+        "start_at",
     )
     list_display_links = ("short_id",)
     list_filter = (
         "status",
         ("workflow", admin.AllValuesFieldListFilter),
         QueueFilter,
+        "priority",
+        "key_waiting",
+        ("concurrency_key", admin.EmptyFieldListFilter),
         ("created_at", admin.DateFieldListFilter),
     )
     date_hierarchy = "created_at"
@@ -224,6 +234,19 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
         (
             gettext_lazy("Timing"),
             {"fields": ("started", "last_change", "duration", "next_orchestration", "wakes")},
+        ),
+        (
+            gettext_lazy("Scheduling"),
+            {
+                "fields": (
+                    "queue_name",
+                    "priority",
+                    "start_at",
+                    "concurrency_key",
+                    "concurrency_limit",
+                    "key_waiting",
+                )
+            },
         ),
         (gettext_lazy("Data"), {"fields": ("input_json",)}),
         (gettext_lazy("Events and published values"), {"fields": ("events", "published_json")}),
@@ -242,6 +265,12 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
         "version",
         "events",
         "published_json",
+        "queue_name",
+        "priority",
+        "start_at",
+        "concurrency_key",
+        "concurrency_limit",
+        "key_waiting",
     )
 
     class Media:
@@ -343,6 +372,18 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
         if obj.status != "suspended" or not obj.suspend_reason:
             return EMPTY
         return Truncator(obj.suspend_reason).chars(60)
+
+    @admin.display(description=gettext_lazy("queue"), ordering="queue")
+    def queue_name(self, obj: WorkflowRun) -> str:
+        return obj.queue or _("(default)")
+
+    @admin.display(description=gettext_lazy("concurrency key"), ordering="concurrency_key")
+    def key(self, obj: WorkflowRun) -> str:
+        if obj.concurrency_key is None:
+            return EMPTY
+        if obj.key_waiting and obj.status == "running":
+            return _("%(key)s (waiting)") % {"key": obj.concurrency_key}
+        return obj.concurrency_key
 
     @admin.display(description=gettext_lazy("parent"))
     def parent(self, obj: WorkflowRun) -> SafeString | str:

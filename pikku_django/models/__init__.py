@@ -3,6 +3,7 @@
 from pikku_django.models.events import WorkflowEvent
 from pikku_django.models.heartbeats import WorkerHeartbeat
 from pikku_django.models.leases import Lease
+from pikku_django.models.limits import QueueClaim
 from pikku_django.models.schedules import MissedTicks, Schedule, ScheduleOrigin
 from pikku_django.models.webhooks import CredentialValue, TriggerSource, WebhookReceipt
 from pikku_django.models.workflows import (
@@ -24,6 +25,7 @@ __all__ = [
     "CredentialValue",
     "Lease",
     "MissedTicks",
+    "QueueClaim",
     "RunStatus",
     "Schedule",
     "ScheduleOrigin",

@@ -105,6 +105,26 @@ class WorkflowRun(models.Model):
         blank=True,
         help_text=_("its first pass is not claimed before this time"),
     )
+    # NULL when the run has no key: only runs sharing a key limit each other.
+    concurrency_key = models.CharField(  # noqa: DJ001
+        _("concurrency key"),
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text=_("runs sharing this key run at most their concurrency limit at a time"),
+    )
+    concurrency_limit = models.PositiveSmallIntegerField(
+        _("concurrency limit"),
+        default=1,
+        db_default=1,
+        help_text=_("how many runs of its concurrency key may be in progress at once"),
+    )
+    key_waiting = models.BooleanField(
+        _("waiting for its key"),
+        default=False,
+        db_default=False,
+        help_text=_("not started yet: its concurrency key has no free slot"),
+    )
     pass_errors = models.PositiveIntegerField(
         _("pass errors"),
         default=0,
@@ -162,6 +182,10 @@ class WorkflowRun(models.Model):
                 name="pikku_run_idle",
                 condition=models.Q(status="running", wake_at__isnull=True),
             ),
+            # Per-key concurrency: a key's runs in progress, and the runs waiting for
+            # a slot, in start order.
+            models.Index(fields=("concurrency_key", "status"), name="pikku_run_key"),
+            models.Index(fields=("key_waiting", "created_at"), name="pikku_run_key_waiting"),
         )
 
     def __str__(self) -> str:

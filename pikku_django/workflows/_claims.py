@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from pikku_django.dbclock import EpochMs
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
+from pikku_django.workflows._rates import free_claims, record_claim
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._values import ClaimedStep, default_worker_id
 from pikku_django.workflows.config import EngineConfig
@@ -171,15 +172,14 @@ class Claims:
         limited = [
             q.name
             for q in config.queues.values()
-            if q.concurrency is not None and (not served or q.name in served)
+            if config.is_limited(q.name) and (not served or q.name in served)
         ]
         claimed: list[ClaimedStep] = []
         with self.store.claims_serialised(), self.store.limited_claim(limited):
             # A limited queue's free slots: its limit less its claims whose lease
-            # has not lapsed, counted while no other worker claims from it.
-            free = {q: config.concurrency_of(q) or 0 for q in limited}
-            for queue in limited:
-                free[queue] -= self.store.live_claims(queue)
+            # has not lapsed, and its rate less its claims in the last period,
+            # counted while no other worker claims from it.
+            free = {q: self._free_slots(q) for q in limited}
             full = [q for q, n in free.items() if n <= 0]
             for step in self.store.lock_ready_steps(now, served, limit, full):
                 if free.get(step.queue, 1) <= 0:
@@ -191,4 +191,18 @@ class Claims:
                     claimed.append(got)
                     if step.queue in free:
                         free[step.queue] -= 1
+                        if config.rate_of(step.queue) is not None:
+                            record_claim(self.store, step.queue)
         return claimed
+
+    def _free_slots(self, queue: str) -> int:
+        """How many more of ``queue``'s steps may be claimed now, by its limits."""
+        config = self.config
+        slots = []
+        concurrency = config.concurrency_of(queue)
+        if concurrency is not None:
+            slots.append(concurrency - self.store.live_claims(queue))
+        rate = config.rate_of(queue)
+        if rate is not None:
+            slots.append(free_claims(self.store, queue, rate))
+        return min(slots, default=1)

@@ -78,7 +78,13 @@ class RunLifecycle:
                     priority=options.priority,
                     queue=options.queue,
                     start_at=options.start_at,
-                    wake_at=None if inline else options.due_at(self.clock.now()),
+                    # A keyed run waits, not due, until a worker gives it a slot.
+                    concurrency_key=options.concurrency_key,
+                    concurrency_limit=options.concurrency_limit,
+                    key_waiting=options.concurrency_key is not None,
+                    wake_at=None
+                    if inline or options.concurrency_key is not None
+                    else options.due_at(self.clock.now()),
                     trace_context=current_trace_context(),
                     version=definition.version,
                 )

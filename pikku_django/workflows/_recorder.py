@@ -102,8 +102,8 @@ class StepRecorder:
             group is None
             and self.claimer is not None
             and self.claimer.takes(options)
-            # A limited queue's steps are claimed where its limit is counted.
-            and self.config.concurrency_of(options.queue) is None
+            # A limited queue's steps are claimed where its limits are counted.
+            and not self.config.is_limited(options.queue)
         ):
             self.claim_request = (name, options, payload)
             raise Pause(None)

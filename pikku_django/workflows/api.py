@@ -45,6 +45,8 @@ def start_workflow(
     queue: str | None = None,
     start_at: datetime | None = None,
     delay: Duration | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> WorkflowRun:
     """Start a run of ``workflow`` (its name or decorated function) and return it.
 
@@ -59,6 +61,9 @@ def start_workflow(
       ``ctx.do(..., queue=...)`` nor ``@step(queue=...)``); default ``"default"``.
     - ``start_at`` (a timezone-aware datetime) or ``delay`` (seconds, a timedelta
       or text like ``"10min"``), not both: no worker passes the run before then.
+    - ``concurrency_key`` (e.g. a customer id) and ``concurrency_limit`` (default 1):
+      runs sharing the key are in progress at most that many at a time; the others
+      wait, and start in start order as earlier ones end.
     """
     return get_engine().start(
         workflow,
@@ -69,6 +74,8 @@ def start_workflow(
         queue=queue,
         start_at=start_at,
         delay=delay,
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
     )
 
 

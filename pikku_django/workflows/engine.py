@@ -155,10 +155,13 @@ class WorkflowEngine:
         queue: str | None = None,
         start_at: datetime | None = None,
         delay: Duration | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> WorkflowRun:
         """Create a run (or return the one with this idempotency key) and wake it;
         ``inline`` runs it to an end in this process first. ``priority``, ``queue``,
-        ``start_at`` and ``delay`` override the workflow's defaults (see
+        ``start_at``, ``delay`` and the concurrency key and limit override the
+        workflow's defaults (see
         :func:`~pikku_django.workflows.start_workflow`)."""
         definition = self._definition(workflow)
         options = resolve_run_options(
@@ -169,6 +172,9 @@ class WorkflowEngine:
             start_at=start_at,
             delay=delay,
             inline=inline,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            input=input,
         )
         run, created = self._lifecycle.start(
             definition, input, idempotency_key=idempotency_key, inline=inline, options=options
@@ -206,7 +212,7 @@ class WorkflowEngine:
         definition = registry.get_workflow(new.workflow)
         if definition is None or new.options is not None:
             return new
-        return replace(new, options=resolve_run_options(definition, now))
+        return replace(new, options=resolve_run_options(definition, now, input=new.input))
 
     def create_run(
         self, workflow: str, payload: Any, *, idempotency_key: str | None = None

@@ -14,6 +14,11 @@ from typing import Any, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
+from pikku_django.workflows._concurrency import (
+    KeyDefault,
+    check_concurrency_limit,
+    check_key_default,
+)
 from pikku_django.workflows._version_ids import check_version, code_version
 from pikku_django.workflows.durations import Duration, parse_duration
 
@@ -52,6 +57,10 @@ class WorkflowDefinition:
     #: Older versions whose runs this code also replays (a worker limited to the
     #: versions it carries passes these too).
     replays: tuple[str, ...] = ()
+    #: Its runs' concurrency key: text, or a function of the input (None: no key).
+    concurrency_key: KeyDefault | None = None
+    #: How many runs sharing a key may be in progress at once.
+    concurrency_limit: int = 1
 
     @property
     def carried_versions(self) -> frozenset[str]:
@@ -128,6 +137,8 @@ def workflow(
     timezone: str | None = None,
     version: str | None = None,
     replays: tuple[str, ...] | list[str] = (),
+    concurrency_key: KeyDefault | None = None,
+    concurrency_limit: int = 1,
 ) -> Callable[[F], F]: ...
 
 
@@ -143,6 +154,8 @@ def workflow(
     timezone: str | None = None,
     version: str | None = None,
     replays: tuple[str, ...] | list[str] = (),
+    concurrency_key: KeyDefault | None = None,
+    concurrency_limit: int = 1,
 ) -> Any:
     """Register ``fn(ctx, input)`` as a workflow, under ``name`` or its function name.
 
@@ -155,11 +168,18 @@ def workflow(
     ``version`` is recorded on each new run (default: a hash of the function's
     code); ``replays`` names older versions this code also replays (with
     ``ctx.patched``), for workers limited to the versions they carry.
+    ``concurrency_key`` (text, or a function of the input returning it) makes runs
+    sharing a key run ``concurrency_limit`` (default 1) at a time, in start order.
     """
     check_priority(priority)
     if queue is not None:
         check_queue(queue)
     wait = None if delay is None else check_delay(delay)
+    try:
+        key = None if concurrency_key is None else check_key_default(concurrency_key)
+        check_concurrency_limit(concurrency_limit)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"workflow {exc}") from None
     for option, value in (("schedule", schedule), ("timezone", timezone)):
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ImproperlyConfigured(f"workflow {option}= must be a non-empty str, not {value!r}")
@@ -180,6 +200,8 @@ def workflow(
             timezone,
             declared or code_version(func),
             older,
+            key,
+            concurrency_limit,
         )
         _register(_workflows, wf_name, definition, "workflow")
         func.__pikku_workflow__ = wf_name  # type: ignore[attr-defined]

@@ -119,4 +119,10 @@ else:
         return {"path": "old", "n": ctx.do("b", deploy_add, {"n": n}), "pid": os.getpid()}
 
 
+@workflow(name="testapp.keyed_slow")
+def keyed_slow(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
+    """One slow step; started with a concurrency key (tests/test_limits_workers.py)."""
+    return ctx.do("slow", "testapp.slow", input)
+
+
 from tests.testapp import parallel_workflows  # noqa: E402, F401  (registers the fan-out)

@@ -264,7 +264,7 @@ class OrmStore(WorkflowStore):
         with self.claims_serialised(), self.atomic():
             ids = list(
                 self.worker_runs()
-                .filter(wake_at__lte=now)
+                .filter(wake_at__lte=now, key_waiting=False)
                 .order_by(*RUN_CLAIM_ORDER)
                 .select_for_update(skip_locked=True)
                 .values_list("id", flat=True)[:limit]
@@ -338,7 +338,7 @@ class OrmStore(WorkflowStore):
         flying = self.steps().filter(run_id=OuterRef("id")).filter(in_flight())
         return list(
             self.worker_runs()
-            .filter(wake_at__isnull=True, updated_at__lt=idle_since)
+            .filter(wake_at__isnull=True, updated_at__lt=idle_since, key_waiting=False)
             .exclude(Exists(flying))
             .order_by()
             .values_list("id", flat=True)[:limit]
@@ -382,7 +382,12 @@ class OrmStore(WorkflowStore):
                         priority=options.priority,
                         queue=options.queue,
                         start_at=options.start_at,
-                        wake_at=options.due_at(wake_at),
+                        concurrency_key=options.concurrency_key,
+                        concurrency_limit=options.concurrency_limit,
+                        key_waiting=options.concurrency_key is not None,
+                        wake_at=None
+                        if options.concurrency_key is not None
+                        else options.due_at(wake_at),
                     )
                 ids.append(run.id)
             except IntegrityError:

@@ -143,7 +143,7 @@ def _statements() -> dict[str, str]:
         "claim_due_runs": (
             f"UPDATE {RUNS} SET {r('wake_at')} = %s WHERE {r('id')} IN ("
             f"SELECT {r('id')} FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
-            f"AND NOT {r('inline')} "
+            f"AND NOT {r('inline')} AND NOT {r('key_waiting')} "
             f"AND {r('wake_at')} <= %s ORDER BY {r('priority')} DESC, {r('wake_at')} LIMIT %s "
             f"FOR UPDATE SKIP LOCKED) RETURNING {r('id')}"
         ),
@@ -391,6 +391,8 @@ class PostgresStore(OrmStore):
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
         if not runs:
             return []
+        if any(new.run_options.concurrency_key is not None for new in runs):
+            return super().create_runs(runs, wake_at)  # keyed runs wait for a slot
         now = timezone.now()
         ids = [uuid.uuid4() for _ in runs]
         params = [
