@@ -77,6 +77,9 @@ DEFAULTS: dict[str, Any] = {
     # pass itself (under the run lease it kept), instead of queueing the run for
     # any worker. Off: every pass is claimed from the runs table.
     "CARRY_RUNS": True,
+    # pikku_worker: how many async def steps one worker process runs at once on its
+    # event loop (they wait on I/O without holding a thread each).
+    "ASYNC_CONCURRENCY": 100,
     # Fernet keys that encrypt stored credentials (webhook secrets): the first
     # encrypts, all decrypt. Empty: one key derived from SECRET_KEY.
     "CREDENTIAL_KEYS": [],

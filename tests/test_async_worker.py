@@ -1,0 +1,91 @@
+"""Async steps in a pikku_worker process: many at once on its event loop, a SIGKILLed
+worker's async step reclaimed and finished once, retries."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from pikku_django.models import RunStatus, StepAttempt, WorkflowStep
+from pikku_django.workflows import WorkflowEngine
+from tests.conftest import database_alias, on_databases
+from tests.test_worker import finish, wait_for, worker_process
+
+ALL = ("sqlite", "postgres", "mariadb")
+STEPS = 200
+NAP = 0.2
+
+
+@on_databases(*ALL)
+def test_two_hundred_async_steps_overlap_in_one_process(vendor: str) -> None:
+    alias = database_alias(vendor)
+    engine = WorkflowEngine(alias)
+    runs = [engine.start("testapp.async_naps", {"n": n, "seconds": NAP}) for n in range(STEPS)]
+    began = time.monotonic()
+    code, out = finish(worker_process(alias, "--until-idle", "--idle-grace", "0.5"), timeout=180)
+    elapsed = time.monotonic() - began
+    assert code == 0, out
+    for n, run in enumerate(runs):
+        run.refresh_from_db(using=alias)
+        assert run.status == RunStatus.COMPLETED, (run.error, out[-3000:])
+        assert run.output["n"] == n
+    # Run one after another they would take STEPS * NAP = 40 s (plus the process's
+    # start-up); a loaded machine still finishes well under that.
+    assert elapsed < 15, (elapsed, out[-3000:])
+    assert len({run.output["pid"] for run in runs}) == 1
+    attempts = StepAttempt.objects.using(alias)
+    assert attempts.count() == STEPS
+    # Awaits overlapped: some attempt started before another, begun earlier, ended.
+    spans = sorted(attempts.values_list("started_at", "finished_at"))
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
+
+
+@on_databases("postgres", "mariadb")
+def test_an_async_step_killed_mid_await_is_reclaimed_and_completes_once(
+    vendor: str, tmp_path: Path
+) -> None:
+    alias = database_alias(vendor)
+    engine = WorkflowEngine(alias)
+    calls, done = tmp_path / "calls", tmp_path / "done"
+    run = engine.start(
+        "testapp.async_step",
+        {"step": "testapp.async_block_first", "calls": str(calls), "done": str(done)},
+    )
+    env = {"PIKKU_TEST_STEP_LEASE_MS": "2000", "PIKKU_TEST_RUN_LEASE_MS": "2000"}
+    doomed = worker_process(alias, **env)
+    try:
+        wait_for(calls.exists, 60, "the first attempt to start awaiting")
+    finally:
+        doomed.send_signal(signal.SIGKILL)
+        doomed.communicate()
+    survivor = worker_process(alias, "--until-idle", **env)
+    code, out = finish(survivor, timeout=120)
+    assert code == 0, out
+    run.refresh_from_db(using=alias)
+    assert run.status == RunStatus.COMPLETED, (run.error, out)
+    assert run.output["calls"] == 2
+    # The killed attempt never finished; the second did, once.
+    assert len(calls.read_text().splitlines()) == 2
+    assert done.read_text().splitlines() == [f"done {survivor.pid}"]
+    step = WorkflowStep.objects.using(alias).get(run_id=run.id)
+    assert step.attempt == 2
+    assert "Reclaimed" in out or "recovered 1" in out or step.attempt == 2
+
+
+@on_databases(*ALL)
+def test_a_failing_async_step_is_retried_by_the_worker(vendor: str, tmp_path: Path) -> None:
+    alias = database_alias(vendor)
+    engine = WorkflowEngine(alias)
+    calls = tmp_path / "calls"
+    run = engine.start(
+        "testapp.async_step", {"step": "testapp.async_flaky", "calls": str(calls), "fail": 2}
+    )
+    code, out = finish(worker_process(alias, "--until-idle"), timeout=120)
+    assert code == 0, out
+    run.refresh_from_db(using=alias)
+    assert run.status == RunStatus.COMPLETED, (run.error, out)
+    assert run.output == {"calls": 3}
+    history = StepAttempt.objects.using(alias).filter(step__run_id=run.id).order_by("attempt")
+    assert [a.status for a in history] == ["failed", "failed", "succeeded"]
+    assert "attempt 1 fails" in history[0].error["message"]
