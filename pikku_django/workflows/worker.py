@@ -479,7 +479,8 @@ class Worker:
     def _all_idle(self, index: int) -> bool:
         with self._lock:
             self._idle.add(index)
-            if len(self._idle) < self.concurrency:
+            # An async step in flight settles later, on the loop: not idle before it has.
+            if len(self._idle) < self.concurrency or self.async_steps.in_flight():
                 return False
         return not self._work_pending()
 
