@@ -2,11 +2,12 @@
 worker process, next to the same work as plain steps, in the same run.
 
 On PostgreSQL, one in-process worker of four threads runs ``--runs`` runs of one step
-each that waits ``--sleep`` seconds, all started before the worker: first as an ``async def`` step awaiting
-``asyncio.sleep`` on the worker's event loop (at most ``PIKKU["ASYNC_CONCURRENCY"]``
-at once), then as a plain step calling ``time.sleep`` on the worker's threads, the
-baseline. Each figure is steps per second from the worker's start to the last run's end; the
-plain steps' ideal is threads / sleep. ``--quick`` is a small end-to-end run.
+each that waits ``--sleep`` seconds, all started before the worker: first as an
+``async def`` step awaiting ``asyncio.sleep`` on the worker's event loop (at most
+``PIKKU["ASYNC_CONCURRENCY"]`` at once), then as a plain step calling ``time.sleep``
+on the worker's threads, the baseline. Each figure is steps per second from the
+worker's start to the last run's end; the plain steps' ideal is threads / sleep.
+``--quick`` is a small end-to-end run.
 
 The database is ``PIKKU_BENCH_WORKFLOWS_URL`` (default ``.../pikku_bench_async``);
 its pikku tables are emptied first. The last line printed is one JSON object.

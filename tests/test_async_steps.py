@@ -95,9 +95,7 @@ def started(engine: WorkflowEngine, seconds: float, n: int = 0) -> Any:
 
 
 @on_databases(*ALL)
-def test_a_late_result_of_a_superseded_async_attempt_is_refused(
-    vendor: str, loop_of: Any
-) -> None:
+def test_a_late_result_of_a_superseded_async_attempt_is_refused(vendor: str, loop_of: Any) -> None:
     engine = WorkflowEngine(database_alias(vendor))
     run = started(engine, 0.3)
     first = claim_one(engine)

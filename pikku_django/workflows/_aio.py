@@ -143,9 +143,9 @@ class AsyncSteps:
                 self.in_flight(),
             )
         with suppress(Exception):  # Django's async ORM thread keeps a connection otherwise
-            asyncio.run_coroutine_threadsafe(
-                sync_to_async(connections.close_all)(), loop
-            ).result(timeout=10)
+            asyncio.run_coroutine_threadsafe(sync_to_async(connections.close_all)(), loop).result(
+                timeout=10
+            )
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         _close_pool_connections(pool, self._db_threads)
@@ -190,8 +190,9 @@ class AsyncSteps:
 
     async def _run(self, claimed: ClaimedStep) -> None:
         outcome = StepOutcome.FAILED
+        fields = {"run_id": str(claimed.run_id), "step": claimed.name, "attempt": claimed.attempt}
         try:
-            with log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt):
+            with log_context(**fields):
                 renewal = asyncio.create_task(self._keep_lease(claimed))
                 try:
                     outcome = await self._execute(claimed)
