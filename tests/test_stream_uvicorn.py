@@ -81,7 +81,9 @@ def test_fifty_streams_under_uvicorn_hold_no_thread_each(vendor: str) -> None:
     alias = database_alias(vendor)
     engine = WorkflowEngine(alias)
     # No worker runs: each run stays running with nothing to stream but its init.
-    runs = [str(engine.start("testapp.async_naps", {"n": n, "seconds": 0}).id) for n in range(CLIENTS)]
+    runs = [
+        str(engine.start("testapp.async_naps", {"n": n, "seconds": 0}).id) for n in range(CLIENTS)
+    ]
     port = free_port()
     server = serve(alias, port)
     try:
