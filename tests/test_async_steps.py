@@ -219,3 +219,34 @@ def test_ctx_do_refuses_transactional_for_an_async_step(vendor: str) -> None:
 def test_the_concurrency_limit_must_be_positive() -> None:
     with pytest.raises(ValueError, match="ASYNC_CONCURRENCY"):
         AsyncSteps(WorkflowEngine(), limit=0, on_start=print, on_done=lambda c, o: None)
+
+
+@workflow(name="tests.async_api_story")
+def async_api_story(ctx: WorkflowContext, input: Any) -> Any:
+    answer = ctx.suspend("waiting for an answer")
+    return {"answer": answer}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_async_api_starts_reads_resumes_and_cancels_runs() -> None:
+    from asgiref.sync import async_to_sync
+
+    from pikku_django import acancel_workflow, aresume_workflow, astart_workflow
+    from pikku_django.workflows import WorkflowRunNotFoundError, aworkflow_status
+
+    async def story() -> None:
+        run = await astart_workflow("tests.async_api_story", inline=True)
+        assert run.status == RunStatus.SUSPENDED
+        status = await aworkflow_status(run.id)
+        assert (status.status, status.suspend_reason) == ("suspended", "waiting for an answer")
+        resumed = await aresume_workflow(run.id, 42)
+        assert (resumed.status, resumed.output) == (RunStatus.COMPLETED, {"answer": 42})
+        assert (await aworkflow_status(run.id)).as_dict()["output"] == {"answer": 42}
+        other = await astart_workflow("tests.async_api_story", idempotency_key="k")
+        assert (await astart_workflow("tests.async_api_story", idempotency_key="k")).id == other.id
+        cancelled = await acancel_workflow(other.id)
+        assert cancelled.status == RunStatus.CANCELLED
+        with pytest.raises(WorkflowRunNotFoundError):
+            await aworkflow_status("00000000-0000-0000-0000-000000000000")
+
+    async_to_sync(story)()

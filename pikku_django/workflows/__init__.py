@@ -1,5 +1,13 @@
 """Durable workflows: functions replayed step by step, run by ``pikku_worker``."""
 
+from pikku_django.workflows._async_api import (
+    acancel_workflow,
+    aresume_workflow,
+    aretry_workflow,
+    astart_workflow,
+    aworkflow_status,
+    workflow_status,
+)
 from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows.api import (
     cancel_workflow,
@@ -55,6 +63,11 @@ __all__ = [
     "WorkflowRunStateError",
     "WorkflowStepLeaseExpiredError",
     "WorkflowStepSupersededError",
+    "acancel_workflow",
+    "aresume_workflow",
+    "aretry_workflow",
+    "astart_workflow",
+    "aworkflow_status",
     "cancel_workflow",
     "get_engine",
     "register_intake",
@@ -64,4 +77,5 @@ __all__ = [
     "step",
     "unregister_intake",
     "workflow",
+    "workflow_status",
 ]
