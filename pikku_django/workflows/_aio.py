@@ -122,6 +122,9 @@ class AsyncSteps:
                 loop.run_forever()
 
             self._pool = ThreadPoolExecutor(self._db_threads, thread_name_prefix="pikku-aio-db")
+            # Steps' own sync_to_async(thread_sensitive=False) calls use these threads
+            # too, whose connections are closed with the loop.
+            loop.set_default_executor(self._pool)
             self._thread = threading.Thread(target=run, name="pikku-worker-aio", daemon=True)
             self._thread.start()
             ready.wait()
