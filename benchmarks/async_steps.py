@@ -7,6 +7,7 @@ each that waits ``--sleep`` seconds, all started before the worker: first as an
 ``PIKKU["ASYNC_CONCURRENCY"]`` at once), then as a plain step calling ``time.sleep``
 on the worker's threads, the baseline. Each figure is steps per second from the
 worker's start to the last run's end; the plain steps' ideal is threads / sleep.
+Beside them, the most attempts of each kind that were running at one moment.
 ``--quick`` is a small end-to-end run.
 
 The database is ``PIKKU_BENCH_WORKFLOWS_URL`` (default ``.../pikku_bench_async``);
@@ -62,8 +63,23 @@ def register() -> None:
         return ctx.do("nap", "bench.sync_nap", input)
 
 
+def most_at_once(function: str) -> int:
+    """The most attempts of the step ``function`` that were running at one moment."""
+    from pikku_django.models import StepAttempt
+
+    spans = StepAttempt.objects.filter(step__function=function).values_list(
+        "started_at", "finished_at"
+    )
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    most = running = 0
+    for _, change in events:  # an end sorts before a start at the same instant
+        running += change
+        most = max(most, running)
+    return most
+
+
 def steps_per_second(workflow: str, runs: int, sleep: float) -> float:
-    """Start ``runs`` runs of ``workflow`` under a fresh worker: steps per second."""
+    """Start ``runs`` runs of ``workflow``, then a fresh worker: steps per second."""
     from django.db import connections
 
     from pikku_django.models import RunStatus, WorkflowRun
@@ -92,8 +108,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=None, help="runs of each kind (400)")
     parser.add_argument("--sleep", type=float, default=None, help="each step's wait (0.2 s)")
     args = parser.parse_args()
-    runs = args.runs or (40 if args.quick else 400)
-    sleep = args.sleep if args.sleep is not None else (0.1 if args.quick else 0.2)
+    runs = args.runs or (20 if args.quick else 400)
+    sleep = args.sleep if args.sleep is not None else (0.05 if args.quick else 0.2)
     url = os.environ["PIKKU_BENCH_WORKFLOWS_URL"]
     if not url.startswith("postgres"):
         parser.error("async_steps.py runs on PostgreSQL: set PIKKU_BENCH_WORKFLOWS_URL")
@@ -130,6 +146,8 @@ def main() -> int:
                     "sync_steps_per_s": round(sync_rate, 2),
                     "sync_ideal_steps_per_s": round(THREADS / sleep, 2),
                     "speedup": round(async_rate / sync_rate, 2),
+                    "async_most_at_once": most_at_once("bench.async_nap"),
+                    "sync_most_at_once": most_at_once("bench.sync_nap"),
                 },
             }
         )
