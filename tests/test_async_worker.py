@@ -38,8 +38,8 @@ def test_two_hundred_async_steps_overlap_in_one_process(vendor: str) -> None:
     # attempt's start to the last one's end, a loaded machine stays well under that.
     elapsed = (max(end for _, end in spans) - min(start for start, _ in spans)).total_seconds()
     assert elapsed < 15, (elapsed, out[-3000:])
-    # Far more awaited at once than the process has worker threads.
-    assert most_at_once(spans) > 4 * 4, out[-3000:]
+    # More awaited at once than the process has worker threads (plain steps never are).
+    assert most_at_once(spans) > 2 * 4, out[-3000:]
 
 
 def most_at_once(spans: list[tuple[datetime, datetime]]) -> int:
