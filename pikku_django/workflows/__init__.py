@@ -35,6 +35,7 @@ from pikku_django.workflows.errors import (
 from pikku_django.workflows.intake import Intake, register_intake, unregister_intake
 from pikku_django.workflows.queues import QueueSettings, Rate
 from pikku_django.workflows.registry import PRIORITY_MAX, PRIORITY_MIN, step, workflow
+from pikku_django.workflows.status import RunSnapshot
 from pikku_django.workflows.store import NewRun
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "QueueSettings",
     "Rate",
     "RunOptions",
+    "RunSnapshot",
     "StepFailedError",
     "StepFunctionNotFoundError",
     "StepOutcome",
