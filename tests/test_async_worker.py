@@ -103,3 +103,22 @@ def test_a_failing_async_step_is_retried_by_the_worker(vendor: str, tmp_path: Pa
     history = StepAttempt.objects.using(alias).filter(step__run_id=run.id).order_by("attempt")
     assert [a.status for a in history] == ["failed", "failed", "succeeded"]
     assert "attempt 1 fails" in history[0].error["message"]
+
+
+@on_databases("postgres")
+def test_sigterm_lets_the_async_steps_in_flight_finish(vendor: str) -> None:
+    alias = database_alias(vendor)
+    engine = WorkflowEngine(alias)
+    runs = [engine.start("testapp.async_naps", {"n": n, "seconds": 3.0}) for n in range(5)]
+    proc = worker_process(alias)
+    try:
+        attempts = StepAttempt.objects.using(alias)
+        wait_for(lambda: attempts.count() == 5, 60, "the five async steps to start")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc, 60)
+    assert code == 0, out
+    # Each step finished its await and was recorded before the worker exited.
+    for step_row in WorkflowStep.objects.using(alias).filter(run__in=[r.id for r in runs]):
+        assert (step_row.status, step_row.attempt) == ("succeeded", 1), out[-2000:]
+    assert [a.status for a in attempts] == ["succeeded"] * 5
