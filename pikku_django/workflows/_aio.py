@@ -99,10 +99,6 @@ class AsyncSteps:
 
     # -- lifecycle -------------------------------------------------------------------
 
-    @property
-    def started(self) -> bool:
-        return self._loop is not None
-
     def in_flight(self) -> int:
         """How many async steps were handed over and have not settled yet."""
         with self._lock:
