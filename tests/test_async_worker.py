@@ -36,8 +36,9 @@ def test_two_hundred_async_steps_overlap_in_one_process(vendor: str) -> None:
     assert len(spans) == STEPS
     # One after another the steps would take STEPS * NAP = 40 s; from the first
     # attempt's start to the last one's end, a loaded machine stays well under that.
+    # SQLite takes every write of the 400 passes and 200 settles one at a time.
     elapsed = (max(end for _, end in spans) - min(start for start, _ in spans)).total_seconds()
-    assert elapsed < 15, (elapsed, out[-3000:])
+    assert elapsed < (25 if vendor == "sqlite" else 15), (elapsed, out[-3000:])
     # More awaited at once than the process has worker threads (plain steps never are).
     assert most_at_once(spans) > 2 * 4, out[-3000:]
 
