@@ -26,6 +26,11 @@ _WORKFLOW_API = {
     "WorkflowEngine",
     "StepFailedError",
     "FakeClock",
+    "send_event",
+    "send_event_with_start",
+    "wait_for_run",
+    "await_run",
+    "JoinPolicy",
 }
 
 
@@ -42,6 +47,7 @@ __all__ = [
     "FakeClock",
     "HeldLease",
     "InMemoryLeaseService",
+    "JoinPolicy",
     "Lease",
     "LeaseError",
     "LeaseLostError",
@@ -54,11 +60,15 @@ __all__ = [
     "acancel_workflow",
     "aresume_workflow",
     "astart_workflow",
+    "await_run",
     "cancel_workflow",
     "get_lease_service",
     "hold_lease",
     "resume_workflow",
+    "send_event",
+    "send_event_with_start",
     "start_workflow",
     "step",
+    "wait_for_run",
     "workflow",
 ]

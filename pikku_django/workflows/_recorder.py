@@ -92,11 +92,15 @@ class StepRecorder:
 
     # -- queued steps ----------------------------------------------------------------
 
-    def queue(self, name: str, options: StepOptions, data: Any) -> WorkflowStep:
-        """Store a new queued step: claimed by this pass's claimer (Pause), or scheduled."""
+    def queue(
+        self, name: str, options: StepOptions, data: Any, *, group: WorkflowStep | None = None
+    ) -> WorkflowStep:
+        """Store a new queued step: claimed by this pass's claimer (Pause), or scheduled
+        (always, for a branch of a parallel ``group``: the pass goes on)."""
         payload = to_json(data, f"The input of step {name!r}")
         if (
-            self.claimer is not None
+            group is None
+            and self.claimer is not None
             and self.claimer.takes(options)
             # A limited queue's steps are claimed where its limit is counted.
             and self.config.concurrency_of(options.queue) is None
@@ -118,6 +122,7 @@ class StepRecorder:
             queue=options.queue,
             transactional=options.transactional,
             available_at=self.clock.now(),
+            group=group,
         )
         if not missing:
             self.store.notify()
@@ -153,6 +158,7 @@ class StepRecorder:
                     priority=self.run.priority,  # a child step inherits it, as any step
                     wake_at=None if self.run.inline else self.clock.now(),
                     trace_context=self.run.trace_context,
+                    version=_version_of(workflow),
                 )
                 self.states.events.run_started(child, parent_run_id=self.run.id)
                 self.store.steps().filter(id=step.id).update(child_run=child)
@@ -194,3 +200,8 @@ class StepRecorder:
     def suspend_at(self, step: WorkflowStep) -> None:
         """Suspend the run at ``step``."""
         self.states.suspend_for_step(self.run, step)
+
+
+def _version_of(workflow: str) -> str:
+    definition = registry.get_workflow(workflow)
+    return definition.version if definition is not None else ""
