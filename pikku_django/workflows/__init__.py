@@ -1,5 +1,13 @@
 """Durable workflows: functions replayed step by step, run by ``pikku_worker``."""
 
+from pikku_django.workflows._async_api import (
+    acancel_workflow,
+    aresume_workflow,
+    aretry_workflow,
+    astart_workflow,
+    aworkflow_status,
+    workflow_status,
+)
 from pikku_django.workflows._fanout import Branch, JoinPolicy, Outcome, ParallelGroup
 from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._signals_in import (
@@ -42,6 +50,7 @@ from pikku_django.workflows.errors import (
 from pikku_django.workflows.intake import Intake, register_intake, unregister_intake
 from pikku_django.workflows.queues import QueueSettings, Rate
 from pikku_django.workflows.registry import PRIORITY_MAX, PRIORITY_MIN, step, workflow
+from pikku_django.workflows.status import RunSnapshot
 from pikku_django.workflows.store import NewRun
 
 __all__ = [
@@ -66,6 +75,7 @@ __all__ = [
     "Rate",
     "RunKey",
     "RunOptions",
+    "RunSnapshot",
     "RunWaitTimeoutError",
     "SentEvent",
     "StepFailedError",
@@ -81,7 +91,12 @@ __all__ = [
     "WorkflowRunStateError",
     "WorkflowStepLeaseExpiredError",
     "WorkflowStepSupersededError",
+    "acancel_workflow",
+    "aresume_workflow",
+    "aretry_workflow",
+    "astart_workflow",
     "await_run",
+    "aworkflow_status",
     "cancel_workflow",
     "get_engine",
     "published_values",
@@ -95,4 +110,5 @@ __all__ = [
     "unregister_intake",
     "wait_for_run",
     "workflow",
+    "workflow_status",
 ]

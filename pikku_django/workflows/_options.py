@@ -71,6 +71,11 @@ def resolve_step_options(
     queue = queue or (definition.queue if definition else None) or run_queue or "default"
     if transactional is None:
         transactional = bool(definition and definition.transactional)
+    if transactional and callable_ is not None:
+        try:
+            registry.check_not_async_transactional(callable_, f"Step function {function!r}")
+        except TypeError as exc:
+            raise WorkflowDefinitionError(str(exc)) from None
     return StepOptions(
         kind=kind,
         function=function,

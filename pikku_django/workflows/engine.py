@@ -383,6 +383,24 @@ class WorkflowEngine:
         """
         return self._execution.execute_step(claimed, wake=Wake.of(wake))
 
+    def step_attempt_started(self, claimed: ClaimedStep) -> tuple[Any, float]:
+        """Announce that a claimed step's attempt starts (signals, span): the token
+        :meth:`settle_step_call` takes, for a step whose function is called elsewhere."""
+        return self._execution.attempt_started(claimed)
+
+    def settle_step_call(
+        self,
+        claimed: ClaimedStep,
+        started: tuple[Any, float],
+        *,
+        value: Any = None,
+        error: Exception | None = None,
+    ) -> StepOutcome:
+        """Record what a claimed step's function returned or raised, fenced by its
+        attempt, as :meth:`execute_step` does; its run is woken for any worker."""
+        info, began = started
+        return self._execution.settle_call(claimed, Wake.NOW, info, began, value=value, error=error)
+
     # -- finding work --------------------------------------------------------------
 
     def claim_due_runs(self, limit: int = 1) -> list[uuid.UUID]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
+from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 
 from pikku_django.workflows._concurrency import (
@@ -80,15 +81,43 @@ class StepDefinition:
     backoff: str | None = None
     transactional: bool = False
 
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is an ``async def`` (a worker runs it on its event loop)."""
+        return iscoroutinefunction(self.fn)
+
     def call(self, data: Any) -> Any:
         return call_step_function(self.fn, data)
 
 
 def call_step_function(fn: Callable[..., Any], data: Any) -> Any:
-    """Call ``fn(data)``, or ``fn()`` when it takes no argument."""
+    """Call ``fn(data)``, or ``fn()`` when it takes no argument; an ``async def``
+    function is run to its end on this thread (see :func:`acall_step_function`)."""
+    if iscoroutinefunction(fn):
+        return async_to_sync(acall_step_function)(fn, data)
     if _takes_no_arguments(fn):
         return fn()
     return fn(data)
+
+
+async def acall_step_function(fn: Callable[..., Any], data: Any) -> Any:
+    """Await ``fn(data)`` (or ``fn()``) of an ``async def`` step function."""
+    return await (fn() if _takes_no_arguments(fn) else fn(data))
+
+
+def check_not_async_transactional(fn: Callable[..., Any], what: str) -> None:
+    """TypeError for ``transactional=True`` on an ``async def`` step function.
+
+    A transaction belongs to one thread's connection, and an async function's
+    database calls run on other threads between its awaits: its writes could not
+    commit together with its result.
+    """
+    if iscoroutinefunction(fn):
+        raise TypeError(
+            f"{what} is an async def function and cannot be transactional=True: its "
+            "database calls run on other threads than the step's transaction. Make it a "
+            "plain def function to run it in one transaction, or drop transactional."
+        )
 
 
 def _takes_no_arguments(fn: Callable[..., Any]) -> bool:
@@ -189,6 +218,13 @@ def workflow(
     older = tuple(check_version(v, "replays") for v in replays)
 
     def register(func: F) -> F:
+        if iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"Workflow {_identity(func)} is an async def function: a workflow body is "
+                "replayed synchronously on every pass. Keep the body a plain def function "
+                "and make its steps async def (@step async functions run on the worker's "
+                "event loop)."
+            )
         wf_name = _check_name(name or func.__name__, "workflow")
         definition = WorkflowDefinition(
             wf_name,
@@ -248,6 +284,8 @@ def step(
 
     def register(func: F) -> F:
         step_name = _check_name(name or func.__name__, "step")
+        if transactional:
+            check_not_async_transactional(func, f"Step {step_name!r}")
         definition = StepDefinition(
             step_name, func, queue, retries, delay, backoff, bool(transactional)
         )

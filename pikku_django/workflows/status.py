@@ -6,6 +6,7 @@ import contextlib
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +107,20 @@ class WorkNotifications:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._subscribers: set[Callable[[], None]] = set()
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (on the listening thread) on each notification, until the
+        function returned is called. Without LISTEN (not PostgreSQL) it is never called."""
+        self._ensure_listening()
+        with self._lock:
+            self._subscribers.add(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers.discard(callback)
+
+        return unsubscribe
 
     def wait(self, timeout: float) -> None:
         """Return on the next notification, or after ``timeout`` seconds."""
@@ -138,6 +153,10 @@ class WorkNotifications:
                     for _ in raw.notifies(timeout=5.0, stop_after=1):
                         with self._changed:
                             self._changed.notify_all()
+                        with self._lock:
+                            subscribers = list(self._subscribers)
+                        for callback in subscribers:
+                            callback()
             except Exception:
                 logger.warning("LISTEN for the status stream failed; retrying", exc_info=True)
                 time.sleep(1.0)

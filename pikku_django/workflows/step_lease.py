@@ -33,13 +33,8 @@ def renewal_interval_s(lease_ms: int) -> float:
     return max(0.001, lease_ms / 2 / 1000)
 
 
-@contextmanager
-def keep_step_lease(engine: LeaseRefresher, claimed: ClaimedStep) -> Iterator[threading.Event]:
-    """Renew a claimed step's lease every half lease while the block runs.
-
-    Yields an Event set once a renewal reports that a newer attempt replaced
-    this one; renewal then stops (the attempt's writes will be refused).
-    """
+def warn_if_short(claimed: ClaimedStep) -> None:
+    """Warn once per process that a step lease is under a second."""
     global _warned_short_lease
     if claimed.lease_ms < SHORT_LEASE_MS and not _warned_short_lease:
         _warned_short_lease = True
@@ -49,6 +44,21 @@ def keep_step_lease(engine: LeaseRefresher, claimed: ClaimedStep) -> Iterator[th
             claimed.queue,
             claimed.lease_ms // 2,
         )
+
+
+def first_renewal_in(claimed: ClaimedStep) -> float:
+    """Seconds until the first renewal of ``claimed`` is due: half a lease after the claim."""
+    return max(0.0, renewal_interval_s(claimed.lease_ms) - (time.monotonic() - claimed.claimed_at))
+
+
+@contextmanager
+def keep_step_lease(engine: LeaseRefresher, claimed: ClaimedStep) -> Iterator[threading.Event]:
+    """Renew a claimed step's lease every half lease while the block runs.
+
+    Yields an Event set once a renewal reports that a newer attempt replaced
+    this one; renewal then stops (the attempt's writes will be refused).
+    """
+    warn_if_short(claimed)
     superseded = threading.Event()
     stop = threading.Event()
     lock = threading.Lock()
@@ -91,8 +101,7 @@ def keep_step_lease(engine: LeaseRefresher, claimed: ClaimedStep) -> Iterator[th
 
     # No thread until the first renewal is due (half a lease after the claim, not
     # after this block began): most steps finish before it.
-    first = max(0.0, interval - (time.monotonic() - claimed.claimed_at))
-    timer = call_later(first, renew, name=f"pikku-step-lease:{claimed.step_id}")
+    timer = call_later(first_renewal_in(claimed), renew, name=f"pikku-step-lease:{claimed.step_id}")
     try:
         yield superseded
     finally:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pikku_django.workflows import WorkflowContext, step, workflow
+from tests.testapp import async_workflows  # noqa: F401 (registers the async steps)
 
 
 @step(name="testapp.record")

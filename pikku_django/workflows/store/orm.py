@@ -348,13 +348,11 @@ class OrmStore(WorkflowStore):
         if self.worker_runs().filter(wake_at__lte=until).exists():
             return True
         steps = self._queued(queues).filter(run__status=RunStatus.RUNNING, run__inline=False)
-        return (
-            steps.filter(
-                status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.RUNNING),
-                available_at__lte=until,
-            ).exists()
-            or steps.filter(status=StepStatus.RUNNING).exists()
-        )
+        due = Q(
+            status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.RUNNING),
+            available_at__lte=until,
+        ) | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1, available_at__lte=until)
+        return steps.filter(due).exists() or steps.filter(status=StepStatus.RUNNING).exists()
 
     # -- runs --------------------------------------------------------------------------
 
