@@ -17,12 +17,15 @@ from pikku_django.workflows.errors import (
     NotSerializableError,
     StepFailedError,
     StepFunctionNotFoundError,
+    StepTimeoutError,
+    SuspendTimeoutError,
     WorkflowError,
     WorkflowNotFoundError,
     WorkflowRunNotFoundError,
     WorkflowRunStateError,
     WorkflowStepLeaseExpiredError,
     WorkflowStepSupersededError,
+    WorkflowTimeoutError,
 )
 from pikku_django.workflows.intake import Intake, register_intake, unregister_intake
 from pikku_django.workflows.queues import QueueSettings, Rate
@@ -46,6 +49,8 @@ __all__ = [
     "StepFailedError",
     "StepFunctionNotFoundError",
     "StepOutcome",
+    "StepTimeoutError",
+    "SuspendTimeoutError",
     "Wake",
     "WorkflowContext",
     "WorkflowEngine",
@@ -55,6 +60,7 @@ __all__ = [
     "WorkflowRunStateError",
     "WorkflowStepLeaseExpiredError",
     "WorkflowStepSupersededError",
+    "WorkflowTimeoutError",
     "cancel_workflow",
     "get_engine",
     "register_intake",

@@ -24,6 +24,7 @@ def resolve_step_options(
     queued: bool | None = None,
     queue: str | None = None,
     transactional: bool | None = None,
+    timeout: Duration | None = None,
     run_queue: str = "",
 ) -> StepOptions:
     """How a step calling ``fn`` runs: the call's options, else the registered step's
@@ -71,6 +72,11 @@ def resolve_step_options(
     queue = queue or (definition.queue if definition else None) or run_queue or "default"
     if transactional is None:
         transactional = bool(definition and definition.transactional)
+    attempt_timeout = (
+        registry.check_timeout(timeout)
+        if timeout is not None
+        else definition and definition.timeout
+    )
     return StepOptions(
         kind=kind,
         function=function,
@@ -80,6 +86,7 @@ def resolve_step_options(
         backoff=str(backoff),
         queue=str(queue)[:100],
         transactional=bool(transactional),
+        timeout=attempt_timeout or None,
     )
 
 

@@ -68,8 +68,9 @@ class StepRecorder:
         queued: bool | None = None,
         queue: str | None = None,
         transactional: bool | None = None,
+        timeout: Duration | None = None,
     ) -> StepOptions:
-        given = (retries, retry_delay, backoff, queued, queue, transactional)
+        given = (retries, retry_delay, backoff, queued, queue, transactional, timeout)
         plain = all(value is None for value in given)
         if plain:
             with contextlib.suppress(KeyError, TypeError):  # not resolved yet, or not a key
@@ -83,6 +84,7 @@ class StepRecorder:
             queued=queued,
             queue=queue,
             transactional=transactional,
+            timeout=timeout,
             run_queue=self.run.queue,
         )
         if plain:
@@ -117,6 +119,7 @@ class StepRecorder:
             backoff=options.backoff,
             queue=options.queue,
             transactional=options.transactional,
+            timeout=options.timeout,
             available_at=self.clock.now(),
         )
         if not missing:
@@ -179,14 +182,19 @@ class StepRecorder:
         self.states.finish_marker(step, StepStatus.SUCCEEDED, result=None)
         step.status = StepStatus.SUCCEEDED
 
-    def start_suspension(self, name: str, reason: str) -> WorkflowStep:
+    def start_suspension(
+        self, name: str, reason: str, timeout: float | None = None
+    ) -> WorkflowStep:
+        """Store a suspension; with ``timeout`` it times out (available_at) that late."""
         step = self.inline.create(
             self.run,
             name=name,
             kind=StepKind.SUSPEND,
-            input={"reason": reason},
+            input={"reason": reason} if timeout is None else {"reason": reason, "timeout": timeout},
             status=StepStatus.SUSPENDED,
             retries=0,
+            timeout=timeout,
+            available_at=None if timeout is None else self.clock.now() + timedelta(seconds=timeout),
         )
         self.remember(step)
         return step

@@ -43,6 +43,9 @@ def start_workflow(
     queue: str | None = None,
     start_at: datetime | None = None,
     delay: Duration | None = None,
+    deadline: datetime | None = None,
+    timeout: Duration | None = None,
+    debounce: Duration | None = None,
 ) -> WorkflowRun:
     """Start a run of ``workflow`` (its name or decorated function) and return it.
 
@@ -57,6 +60,13 @@ def start_workflow(
       ``ctx.do(..., queue=...)`` nor ``@step(queue=...)``); default ``"default"``.
     - ``start_at`` (a timezone-aware datetime) or ``delay`` (seconds, a timedelta
       or text like ``"10min"``), not both: no worker passes the run before then.
+    - ``deadline`` (a timezone-aware datetime) or ``timeout`` (a duration from the
+      run's start), not both: a run that has not ended by then fails with
+      ``WorkflowTimeoutError``, its waiting steps and child runs cancelled.
+
+    ``debounce`` (a duration; needs ``idempotency_key``) collapses the starts with
+    that key into one run that starts once no start has come for that long, with
+    the latest start's input; a start after its run has begun makes a new run.
     """
     return get_engine().start(
         workflow,
@@ -67,6 +77,9 @@ def start_workflow(
         queue=queue,
         start_at=start_at,
         delay=delay,
+        deadline=deadline,
+        timeout=timeout,
+        debounce=debounce,
     )
 
 

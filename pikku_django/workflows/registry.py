@@ -46,6 +46,8 @@ class WorkflowDefinition:
     schedule: str | None = None
     #: The time zone ``schedule`` is read in (None: PIKKU['SCHEDULE_TIMEZONE']).
     timezone: str | None = None
+    #: Seconds from a start to its run's deadline (None: no deadline).
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class StepDefinition:
     retry_delay: float | None = None
     backoff: str | None = None
     transactional: bool = False
+    #: Seconds each attempt may run before it is failed with StepTimeoutError.
+    timeout: float | None = None
 
     def call(self, data: Any) -> Any:
         return call_step_function(self.fn, data)
@@ -115,6 +119,7 @@ def workflow(
     delay: Duration | None = None,
     schedule: str | None = None,
     timezone: str | None = None,
+    timeout: Duration | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -128,6 +133,7 @@ def workflow(
     delay: Duration | None = None,
     schedule: str | None = None,
     timezone: str | None = None,
+    timeout: Duration | None = None,
 ) -> Any:
     """Register ``fn(ctx, input)`` as a workflow, under ``name`` or its function name.
 
@@ -137,11 +143,14 @@ def workflow(
     first pass may be claimed) are its runs' defaults; ``start_workflow`` may
     override each. ``schedule`` (a cron expression, read in ``timezone``) starts a
     run on each tick, under the workflow's name as the schedule's name.
+    ``timeout`` gives each run a deadline that long after its start (see
+    ``start_workflow(timeout=...)``).
     """
     check_priority(priority)
     if queue is not None:
         check_queue(queue)
     wait = None if delay is None else check_delay(delay)
+    run_timeout = None if timeout is None else check_timeout(timeout)
     for option, value in (("schedule", schedule), ("timezone", timezone)):
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ImproperlyConfigured(f"workflow {option}= must be a non-empty str, not {value!r}")
@@ -150,7 +159,9 @@ def workflow(
 
     def register(func: F) -> F:
         wf_name = _check_name(name or func.__name__, "workflow")
-        definition = WorkflowDefinition(wf_name, func, priority, queue, wait, schedule, timezone)
+        definition = WorkflowDefinition(
+            wf_name, func, priority, queue, wait, schedule, timezone, run_timeout
+        )
         _register(_workflows, wf_name, definition, "workflow")
         func.__pikku_workflow__ = wf_name  # type: ignore[attr-defined]
         return func
@@ -169,6 +180,7 @@ def step(
     retry_delay: Duration | None = None,
     backoff: str | None = None,
     transactional: bool = False,
+    timeout: Duration | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -182,22 +194,25 @@ def step(
     retry_delay: Duration | None = None,
     backoff: str | None = None,
     transactional: bool = False,
+    timeout: Duration | None = None,
 ) -> Any:
     """Register ``fn(data)`` as a step function that workers run, by name.
 
-    ``queue``, ``retries``, ``retry_delay``, ``backoff`` and ``transactional``
-    are its defaults; ``ctx.do(...)`` may override each.
+    ``queue``, ``retries``, ``retry_delay``, ``backoff``, ``transactional`` and
+    ``timeout`` (how long one attempt may run) are its defaults; ``ctx.do(...)``
+    may override each.
     """
     if retries is not None:
         check_retries(retries)
     delay = None if retry_delay is None else parse_duration(retry_delay, what="retry_delay")
     if backoff is not None:
         check_backoff(backoff)
+    attempt_timeout = None if timeout is None else check_timeout(timeout)
 
     def register(func: F) -> F:
         step_name = _check_name(name or func.__name__, "step")
         definition = StepDefinition(
-            step_name, func, queue, retries, delay, backoff, bool(transactional)
+            step_name, func, queue, retries, delay, backoff, bool(transactional), attempt_timeout
         )
         _register(_steps, step_name, definition, "step function")
         func.__pikku_step__ = step_name  # type: ignore[attr-defined]
@@ -239,6 +254,14 @@ def check_queue(queue: object) -> str:
 def check_delay(delay: object) -> float:
     """``delay`` (seconds, a timedelta or text like "5m") in seconds, 0 or more."""
     return parse_duration(delay, what="delay")
+
+
+def check_timeout(timeout: object, what: str = "timeout") -> float:
+    """``timeout`` (seconds, a timedelta or text like "30s") in seconds, more than 0."""
+    seconds = parse_duration(timeout, what=what)
+    if seconds <= 0:
+        raise ValueError(f"{what} must be more than 0 seconds, not {timeout!r}")
+    return seconds
 
 
 def check_backoff(backoff: object) -> str:

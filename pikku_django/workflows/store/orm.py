@@ -374,6 +374,7 @@ class OrmStore(WorkflowStore):
                         priority=options.priority,
                         queue=options.queue,
                         start_at=options.start_at,
+                        deadline_at=options.deadline_at,
                         wake_at=options.due_at(wake_at),
                     )
                 ids.append(run.id)
