@@ -12,6 +12,7 @@ one run too.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError
@@ -54,6 +55,7 @@ def debounced_start(
     key: str,
     options: RunOptions,
     create: Callable[[], WorkflowRun],
+    clock: Callable[[], datetime],
 ) -> tuple[WorkflowRun, bool]:
     """The key's waiting run with ``payload`` as its input and its start pushed back
     to ``options.start_at``, else a new run by ``create``: the run, and whether it
@@ -66,7 +68,7 @@ def debounced_start(
                 return create(), True
             except IntegrityError:
                 continue  # another starter made it first: join its window
-        now = timezone.now()
+        now = clock()  # the engine's clock, which claims judge start_at by
         pushed = runs.filter(
             id=existing.id,
             idempotency_key=key,
@@ -78,7 +80,7 @@ def debounced_start(
             start_at=options.start_at,
             wake_at=options.start_at,
             deadline_at=options.deadline_at,
-            updated_at=now,
+            updated_at=timezone.now(),
         )
         if pushed:
             logger.debug("Debounced start of %s: run %s waits on", workflow, existing.id)

@@ -73,6 +73,7 @@ class RunLifecycle:
                 key,
                 options,
                 lambda: self._create(definition, payload, key, inline, options),
+                self.clock.now,
             )
             if created:
                 with log_context(workflow=run.workflow, run_id=str(run.id)):
