@@ -162,7 +162,8 @@ def test_the_late_result_of_a_timed_out_attempt_is_fenced_off(
     run = engine.start(to_fenced, "block")
     engine.orchestrate(run.id)
     (first,) = engine.claim_due_steps(limit=1)
-    assert first.attempt == 1 and first.lease_ms == 500  # the lease stops at the timeout
+    assert first.attempt == 1
+    assert first.lease_ms == 500
     outcome: list[StepOutcome] = []
 
     def work() -> None:
@@ -253,12 +254,14 @@ def test_a_deadline_cancels_the_child_runs_and_refuses_a_running_steps_result(
     clock.advance(timedelta(minutes=6))
     assert engine.enforce_deadlines() == 2
     parent.refresh_from_db()
-    assert parent.status == RunStatus.FAILED and parent.error["code"] == "RUN_TIMEOUT"
+    assert parent.status == RunStatus.FAILED
+    assert parent.error["code"] == "RUN_TIMEOUT"
     assert engine.get_run(child.id).status == RunStatus.CANCELLED
     assert engine.steps().get(id=child_step.id).status == StepStatus.FAILED
     assert engine.execute_step(claimed) == StepOutcome.SUPERSEDED
     held = engine.steps().get(id=claimed.step_id)
-    assert held.status == StepStatus.FAILED and held.result is None
+    assert held.status == StepStatus.FAILED
+    assert held.result is None
     assert engine.get_run(fenced.id).status == RunStatus.FAILED
 
 
@@ -282,7 +285,7 @@ def test_bad_deadlines_are_refused_and_start_nothing(
     with pytest.raises(ValueError, match="not both"):
         engine.start(to_parent, None, deadline=clock.now(), timeout=5)
     with pytest.raises(ValueError, match="timezone-aware"):
-        engine.start(to_parent, None, deadline=datetime(2030, 1, 1))  # noqa: DTZ001
+        engine.start(to_parent, None, deadline=datetime(2030, 1, 1))
     with pytest.raises(TypeError, match="deadline"):
         engine.start(to_parent, None, deadline="tomorrow")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="more than 0"):
