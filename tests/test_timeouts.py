@@ -238,6 +238,23 @@ def test_a_run_past_its_deadline_fails_and_its_waiting_step_is_cancelled(
     assert not engine.deadlines_due()
 
 
+def test_a_run_failed_by_its_deadline_is_retried_without_it(
+    engine: WorkflowEngine, clock: FakeClock
+) -> None:
+    run = engine.start(to_waits_on_a_step)
+    engine.run_until_idle(["default"])
+    clock.advance(timedelta(hours=2))
+    assert engine.enforce_deadlines() == 1
+    never = engine.steps().get(run_id=run.id, name="never")
+    assert never.attempt >= never.attempts_allowed  # no attempt left while it is failed
+    engine.retry(run.id)
+    assert engine.get_run(run.id).deadline_at is None  # past: dropped, or it would fail again
+    engine.run_until_idle()
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.output == 2
+
+
 def test_a_deadline_cancels_the_child_runs_and_refuses_a_running_steps_result(
     engine: WorkflowEngine, clock: FakeClock
 ) -> None:

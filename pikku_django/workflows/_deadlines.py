@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import F, Q
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowStep
@@ -125,7 +126,9 @@ class RunDeadlines:
             waiting.update(
                 status=StepStatus.FAILED,
                 error=error,
-                retries=0,
+                # No attempt left, also for a step that never had one.
+                attempt=Greatest(F("attempt"), 1),
+                retries=Greatest(F("attempt"), 1) - 1,
                 lease_expires_at=None,
                 available_at=None,
                 updated_at=stamp,

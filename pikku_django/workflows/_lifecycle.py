@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError
-from django.db.models import F
+from django.db.models import Case, F, When
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
@@ -207,6 +207,8 @@ class RunLifecycle:
                 output=None,
                 error=None,
                 suspend_reason="",
+                # A deadline already past is dropped: the retry would fail at once.
+                deadline_at=Case(When(deadline_at__lte=now, then=None), default=F("deadline_at")),
                 wake_at=None if run.inline else now,
                 wakes=F("wakes") + 1,
                 updated_at=timezone.now(),
