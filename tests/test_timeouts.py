@@ -29,6 +29,7 @@ from pikku_django.workflows import (
     workflow,
 )
 from pikku_django.workflows.step_lease import keep_step_lease
+from pikku_django.workflows.worker import Worker
 from tests.conftest import database_alias, db_mark
 
 VENDORS = ("sqlite", "postgres", "mariadb")
@@ -370,3 +371,31 @@ def test_sleep_until_a_past_time_returns_at_once(engine: WorkflowEngine, clock: 
     run = engine.start(to_sleeps_until, {"first": past, "second": past})
     engine.run_until_idle()
     assert engine.get_run(run.id).status == RunStatus.COMPLETED
+
+
+# -- under a worker --------------------------------------------------------------------
+
+
+def test_a_worker_retries_a_timed_out_step_and_enforces_a_deadline(
+    real_engine: WorkflowEngine,
+) -> None:
+    engine = real_engine
+    retried = engine.start(to_retried, "x")
+    suspended = engine.start(to_child, None, timeout=1)
+    worker = Worker(engine, concurrency=2, poll_interval=0.1)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        _wait_for(
+            lambda: engine.get_run(suspended.id).status == RunStatus.FAILED, 30, "the deadline"
+        )
+        _wait_for(lambda: engine.get_run(retried.id).is_terminal, 30, "the timed-out step")
+    finally:
+        worker.stop()
+        thread.join(60)
+    assert engine.get_run(suspended.id).error["code"] == "RUN_TIMEOUT"
+    assert engine.get_run(retried.id).output == {"failed": "STEP_TIMEOUT"}
+    assert [a.error["code"] for a in _attempts(engine, retried, "slow")] == [
+        "STEP_TIMEOUT",
+        "STEP_TIMEOUT",
+    ]
