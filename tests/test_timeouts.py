@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from django.db import connections
+from django.urls import reverse
 
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import RunStatus, StepAttempt, StepKind, StepStatus, WorkflowRun
@@ -31,6 +32,7 @@ from pikku_django.workflows import (
 from pikku_django.workflows.step_lease import keep_step_lease
 from pikku_django.workflows.worker import Worker
 from tests.conftest import database_alias, db_mark
+from tests.factories import WorkflowRunFactory, WorkflowStepFactory
 
 VENDORS = ("sqlite", "postgres", "mariadb")
 
@@ -399,3 +401,18 @@ def test_a_worker_retries_a_timed_out_step_and_enforces_a_deadline(
         "STEP_TIMEOUT",
         "STEP_TIMEOUT",
     ]
+
+
+@pytest.mark.django_db
+def test_the_admin_shows_a_runs_deadline_and_a_steps_timeout(admin_client: Any) -> None:
+    run = WorkflowRunFactory(deadline_at=datetime(2030, 1, 2, 3, 4, tzinfo=UTC))
+    step_row = WorkflowStepFactory(run=run, timeout=12.5)
+    page = admin_client.get(reverse("admin:pikku_django_workflowrun_change", args=[run.pk]))
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "Deadline" in text
+    assert "2030" in text
+    page = admin_client.get(reverse("admin:pikku_django_workflowstep_change", args=[step_row.pk]))
+    assert page.status_code == 200
+    assert "Timeout (s)" in page.content.decode()
+    assert "12.5" in page.content.decode()

@@ -222,7 +222,16 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
         (None, {"fields": ("id", "workflow_name", "idempotency_key", "inline")}),
         (
             gettext_lazy("Timing"),
-            {"fields": ("started", "last_change", "duration", "next_orchestration", "wakes")},
+            {
+                "fields": (
+                    "started",
+                    "last_change",
+                    "duration",
+                    "next_orchestration",
+                    "deadline_at",
+                    "wakes",
+                )
+            },
         ),
         (gettext_lazy("Data"), {"fields": ("input_json",)}),
     )
@@ -235,6 +244,7 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
         "last_change",
         "duration",
         "next_orchestration",
+        "deadline_at",
         "wakes",
         "input_json",
     )
