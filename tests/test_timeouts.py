@@ -416,3 +416,31 @@ def test_the_admin_shows_a_runs_deadline_and_a_steps_timeout(admin_client: Any) 
     assert page.status_code == 200
     assert "Timeout (s)" in page.content.decode()
     assert "12.5" in page.content.decode()
+
+
+@workflow(name="to_quick_child", timeout="10min")
+def to_quick_child(ctx: WorkflowContext, inp: Any) -> Any:
+    return ctx.suspend("waits")
+
+
+@workflow(name="to_parent_of_quick")
+def to_parent_of_quick(ctx: WorkflowContext, inp: Any) -> Any:
+    try:
+        return ctx.do("child", "to_quick_child", inp)
+    except StepFailedError as failed:
+        return {"child": failed.error.get("code")}
+
+
+def test_a_child_run_gets_its_workflows_timeout_and_its_parent_the_failure(
+    engine: WorkflowEngine, clock: FakeClock
+) -> None:
+    parent = engine.start(to_parent_of_quick)
+    engine.run_until_idle()
+    child = engine.get_run(engine.steps().get(run_id=parent.id, name="child").child_run_id)
+    assert child.deadline_at == clock.now() + timedelta(minutes=10)
+    clock.advance(timedelta(minutes=10))
+    engine.run_until_idle()
+    assert engine.get_run(child.id).status == RunStatus.FAILED
+    parent.refresh_from_db()
+    assert parent.status == RunStatus.COMPLETED, parent.error
+    assert parent.output == {"child": "RUN_TIMEOUT"}

@@ -149,12 +149,18 @@ class StepRecorder:
                 retries=0,
             )
             if step.child_run_id is None:
+                definition = registry.get_workflow(workflow)
+                timeout = definition.timeout if definition is not None else None
                 child = self.store.runs().create(
                     workflow=workflow,
                     input=payload,
                     inline=self.run.inline,
                     priority=self.run.priority,  # a child step inherits it, as any step
                     wake_at=None if self.run.inline else self.clock.now(),
+                    # Its workflow's @workflow(timeout=...), from now.
+                    deadline_at=None
+                    if timeout is None
+                    else self.clock.now() + timedelta(seconds=timeout),
                     trace_context=self.run.trace_context,
                 )
                 self.states.events.run_started(child, parent_run_id=self.run.id)
