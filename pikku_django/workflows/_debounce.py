@@ -4,9 +4,9 @@ one run, with the latest input, that starts once no start has come for the windo
 The key's run row is reused: each start inside the window replaces its input and
 pushes its start back, but only while no worker has claimed its first pass (its
 ``wake_at`` is still its ``start_at``, and that is still to come). A start after
-that frees the key from the run that began and makes a new one. Each change is
-one guarded UPDATE, so concurrent starters on PostgreSQL or MariaDB collapse into
-one run too.
+that frees the key from the run that began and makes a new one. The key's row is
+locked while a start decides, and a worker's claim of the run locks it too, so
+concurrent starters on PostgreSQL or MariaDB collapse into one run as well.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError
-from django.db.models import F
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, WorkflowRun
@@ -62,31 +61,42 @@ def debounced_start(
     is new."""
     runs = store.runs()
     for _ in range(ROUNDS):
-        existing = runs.filter(workflow=workflow, idempotency_key=key).first()
-        if existing is None:
+        if not runs.filter(workflow=workflow, idempotency_key=key).exists():
             try:
                 return create(), True
             except IntegrityError:
                 continue  # another starter made it first: join its window
-        now = clock()  # the engine's clock, which claims judge start_at by
-        pushed = runs.filter(
-            id=existing.id,
-            idempotency_key=key,
-            status=RunStatus.RUNNING,
-            start_at__gt=now,
-            wake_at=F("start_at"),
-        ).update(
-            input=payload,
-            start_at=options.start_at,
-            wake_at=options.start_at,
-            deadline_at=options.deadline_at,
-            updated_at=timezone.now(),
-        )
-        if pushed:
+        with store.atomic():
+            # Locked, so the run's state is read as it is now, not as a snapshot had it.
+            existing = (
+                runs.select_for_update()
+                .filter(workflow=workflow, idempotency_key=key)
+                .only("id", "status", "start_at", "wake_at")
+                .first()
+            )
+            if existing is None:
+                continue  # its key was freed meanwhile
+            now = clock()  # the engine's clock, which claims judge start_at by
+            waiting = (
+                existing.status == RunStatus.RUNNING
+                and existing.start_at is not None
+                and existing.start_at > now
+                and existing.wake_at == existing.start_at  # no worker has claimed it
+            )
+            if waiting:
+                runs.filter(id=existing.id).update(
+                    input=payload,
+                    start_at=options.start_at,
+                    wake_at=options.start_at,
+                    deadline_at=options.deadline_at,
+                    updated_at=timezone.now(),
+                )
+            else:
+                # Its run began (or ended): free the key for a new run.
+                runs.filter(id=existing.id).update(idempotency_key=None)
+        if waiting:
             logger.debug("Debounced start of %s: run %s waits on", workflow, existing.id)
             return runs.get(id=existing.id), False
-        # Its run began (or ended): free the key for a new run.
-        runs.filter(id=existing.id, idempotency_key=key).update(idempotency_key=None)
     raise RuntimeError(
         f"Could not start {workflow!r} with idempotency key {key!r}: its run kept changing "
         f"under {ROUNDS} other starts"
