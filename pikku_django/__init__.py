@@ -23,6 +23,10 @@ _WORKFLOW_API = {
     "WorkflowEngine",
     "StepFailedError",
     "FakeClock",
+    "send_event",
+    "send_event_with_start",
+    "wait_for_run",
+    "await_run",
 }
 
 
@@ -48,11 +52,15 @@ __all__ = [
     "WorkflowContext",
     "WorkflowEngine",
     "__version__",
+    "await_run",
     "cancel_workflow",
     "get_lease_service",
     "hold_lease",
     "resume_workflow",
+    "send_event",
+    "send_event_with_start",
     "start_workflow",
     "step",
+    "wait_for_run",
     "workflow",
 ]

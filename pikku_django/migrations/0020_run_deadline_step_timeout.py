@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pikku_django', '0016_attempt_superseded'),
+        ('pikku_django', '0017_events_versions'),
     ]
 
     operations = [

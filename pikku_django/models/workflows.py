@@ -46,6 +46,9 @@ class StepKind(models.TextChoices):
     SLEEP = "sleep", _("sleep")
     SUSPEND = "suspend", _("suspend")
     CHILD = "child", _("child workflow")
+    EVENT = "event", _("wait for an event")
+    PUBLISH = "publish", _("published value")
+    PATCH = "patch", _("patch marker")
 
 
 class Backoff(models.TextChoices):
@@ -119,6 +122,21 @@ class WorkflowRun(models.Model):
         blank=True,
         editable=False,
         help_text=_("the W3C trace headers of the code that started the run (OpenTelemetry)"),
+    )
+    version = models.CharField(
+        _("version"),
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_("the workflow version (declared, or a hash of its code) it started under"),
+    )
+    published = models.JSONField(
+        _("published values"),
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("the values the run set with ctx.set_event, by name"),
     )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)

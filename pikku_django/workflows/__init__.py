@@ -1,12 +1,24 @@
 """Durable workflows: functions replayed step by step, run by ``pikku_worker``."""
 
 from pikku_django.workflows._run_options import RunOptions
+from pikku_django.workflows._signals_in import (
+    TIMED_OUT,
+    EventOutcome,
+    EventTimeout,
+    RunKey,
+    SentEvent,
+)
 from pikku_django.workflows.api import (
+    await_run,
     cancel_workflow,
     get_engine,
+    published_values,
     resume_workflow,
     retry_workflow,
+    send_event,
+    send_event_with_start,
     start_workflow,
+    wait_for_run,
 )
 from pikku_django.workflows.clock import Clock, FakeClock
 from pikku_django.workflows.config import EngineConfig
@@ -15,10 +27,12 @@ from pikku_django.workflows.engine import ClaimedStep, StepOutcome, Wake, Workfl
 from pikku_django.workflows.errors import (
     NonDeterministicWorkflowError,
     NotSerializableError,
+    RunWaitTimeoutError,
     StepFailedError,
     StepFunctionNotFoundError,
     StepTimeoutError,
     SuspendTimeoutError,
+    UnknownPatchError,
     WorkflowError,
     WorkflowNotFoundError,
     WorkflowRunNotFoundError,
@@ -35,9 +49,12 @@ from pikku_django.workflows.store import NewRun
 __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
+    "TIMED_OUT",
     "ClaimedStep",
     "Clock",
     "EngineConfig",
+    "EventOutcome",
+    "EventTimeout",
     "FakeClock",
     "Intake",
     "NewRun",
@@ -45,12 +62,16 @@ __all__ = [
     "NotSerializableError",
     "QueueSettings",
     "Rate",
+    "RunKey",
     "RunOptions",
+    "RunWaitTimeoutError",
+    "SentEvent",
     "StepFailedError",
     "StepFunctionNotFoundError",
     "StepOutcome",
     "StepTimeoutError",
     "SuspendTimeoutError",
+    "UnknownPatchError",
     "Wake",
     "WorkflowContext",
     "WorkflowEngine",
@@ -61,13 +82,18 @@ __all__ = [
     "WorkflowStepLeaseExpiredError",
     "WorkflowStepSupersededError",
     "WorkflowTimeoutError",
+    "await_run",
     "cancel_workflow",
     "get_engine",
+    "published_values",
     "register_intake",
     "resume_workflow",
     "retry_workflow",
+    "send_event",
+    "send_event_with_start",
     "start_workflow",
     "step",
     "unregister_intake",
+    "wait_for_run",
     "workflow",
 ]

@@ -162,6 +162,7 @@ class StepRecorder:
                     if timeout is None
                     else self.clock.now() + timedelta(seconds=timeout),
                     trace_context=self.run.trace_context,
+                    version=_version_of(workflow),
                 )
                 self.states.events.run_started(child, parent_run_id=self.run.id)
                 self.store.steps().filter(id=step.id).update(child_run=child)
@@ -208,3 +209,8 @@ class StepRecorder:
     def suspend_at(self, step: WorkflowStep) -> None:
         """Suspend the run at ``step``."""
         self.states.suspend_for_step(self.run, step)
+
+
+def _version_of(workflow: str) -> str:
+    definition = registry.get_workflow(workflow)
+    return definition.version if definition is not None else ""

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows._events import RunEvents
+from pikku_django.workflows._run_waits import announce_run_end
 from pikku_django.workflows.clock import Clock
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.store import WorkflowStore
@@ -107,6 +108,7 @@ class RunStates:
                 if changed:
                     self.settle_parents(run.id, status, output, error)
         if changed:
+            announce_run_end(self.store.using, run.id, notifying=self.store.notifying)
             with log_context(workflow=run.workflow, run_id=str(run.id)):
                 if status == RunStatus.FAILED:
                     logger.warning("Run failed: %s", describe_error(error))
