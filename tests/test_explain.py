@@ -17,6 +17,7 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from pikku_django.workflows._deadlines import overdue_runs, timed_out_suspensions
 from pikku_django.workflows.store.postgresql import PostgresStore, _statements
 from tests.conftest import database_alias, db_mark
 
@@ -131,6 +132,8 @@ def _orm_statements(alias: str, store: PostgresStore, now: Any) -> list[tuple[st
         "next_due": lambda: store.next_due(now, []),
         "stalled_runs": lambda: store.stalled_runs(now - timedelta(seconds=300), 500),
         "work_pending": lambda: store.work_pending(now, []),
+        "overdue_runs": lambda: overdue_runs(store, now, 100),
+        "timed_out_suspensions": lambda: timed_out_suspensions(store, now, 100),
     }
     for name, call in calls.items():
         with CaptureQueriesContext(connections[alias]) as captured, store.atomic():
@@ -174,6 +177,7 @@ def test_the_workers_scheduled_queries_use_indexes_on_a_million_steps(
         problems += _check(name, "custom", plan)
     assert ("ready_steps_exist", "generic") in seen
     assert any(name.startswith("stalled_runs") for name, _ in seen)
+    assert any(name.startswith("overdue_runs") for name, _ in seen)
     assert problems == [], "\n".join(problems)
 
 

@@ -233,7 +233,16 @@ class WorkflowRunAdmin(
         (None, {"fields": ("id", "workflow_name", "version", "idempotency_key", "inline")}),
         (
             gettext_lazy("Timing"),
-            {"fields": ("started", "last_change", "duration", "next_orchestration", "wakes")},
+            {
+                "fields": (
+                    "started",
+                    "last_change",
+                    "duration",
+                    "next_orchestration",
+                    "deadline_at",
+                    "wakes",
+                )
+            },
         ),
         (
             gettext_lazy("Scheduling"),
@@ -260,6 +269,7 @@ class WorkflowRunAdmin(
         "last_change",
         "duration",
         "next_orchestration",
+        "deadline_at",
         "wakes",
         "input_json",
         "version",

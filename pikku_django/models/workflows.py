@@ -131,6 +131,12 @@ class WorkflowRun(models.Model):
         db_default=0,
         help_text=_("orchestration passes in a row that a data or programming error ended"),
     )
+    deadline_at = models.DateTimeField(
+        _("deadline"),
+        null=True,
+        blank=True,
+        help_text=_("the run fails with WorkflowTimeoutError if it has not ended by then"),
+    )
     trace_context = models.JSONField(
         _("trace context"),
         null=True,
@@ -175,6 +181,12 @@ class WorkflowRun(models.Model):
                 fields=("wake_at",),
                 name="pikku_run_wake",
                 condition=models.Q(status="running", inline=False),
+            ),
+            # Runs past their deadline: open runs that have one, by when.
+            models.Index(
+                fields=("deadline_at",),
+                name="pikku_run_deadline",
+                condition=models.Q(status__in=("running", "suspended"), deadline_at__isnull=False),
             ),
             # The stalled-run sweep: running runs nothing has woken, by last change.
             models.Index(
@@ -233,6 +245,12 @@ class WorkflowStep(models.Model):
         _("priority"), default=0, db_default=0, help_text=_("its run's priority")
     )
     transactional = models.BooleanField(_("transactional"), default=False)
+    timeout = models.FloatField(
+        _("timeout (s)"),
+        null=True,
+        blank=True,
+        help_text=_("how long one attempt may run before it is failed as timed out"),
+    )
     available_at = models.DateTimeField(_("available at"), null=True, blank=True)
     #: A branch's parallel group (a step of kind ``parallel`` of the same run).
     group = models.ForeignKey(
@@ -283,6 +301,12 @@ class WorkflowStep(models.Model):
                 condition=models.Q(
                     kind="queued", status__in=("scheduled", "pending", "failed", "running")
                 ),
+            ),
+            # Suspensions with a timeout, by when they time out.
+            models.Index(
+                fields=("available_at",),
+                name="pikku_step_suspend_due",
+                condition=models.Q(kind="suspend", status="suspended", available_at__isnull=False),
             ),
             # A run's steps that are not done yet (the stalled-run sweep's look).
             models.Index(

@@ -39,6 +39,8 @@ from pikku_django.workflows.errors import (
     RunWaitTimeoutError,
     StepFailedError,
     StepFunctionNotFoundError,
+    StepTimeoutError,
+    SuspendTimeoutError,
     UnknownPatchError,
     WorkflowError,
     WorkflowNotFoundError,
@@ -46,6 +48,7 @@ from pikku_django.workflows.errors import (
     WorkflowRunStateError,
     WorkflowStepLeaseExpiredError,
     WorkflowStepSupersededError,
+    WorkflowTimeoutError,
 )
 from pikku_django.workflows.intake import Intake, register_intake, unregister_intake
 from pikku_django.workflows.queues import QueueSettings, Rate
@@ -81,6 +84,8 @@ __all__ = [
     "StepFailedError",
     "StepFunctionNotFoundError",
     "StepOutcome",
+    "StepTimeoutError",
+    "SuspendTimeoutError",
     "UnknownPatchError",
     "Wake",
     "WorkflowContext",
@@ -91,6 +96,7 @@ __all__ = [
     "WorkflowRunStateError",
     "WorkflowStepLeaseExpiredError",
     "WorkflowStepSupersededError",
+    "WorkflowTimeoutError",
     "acancel_workflow",
     "aresume_workflow",
     "aretry_workflow",

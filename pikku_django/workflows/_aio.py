@@ -25,6 +25,7 @@ from django.db import connections
 
 from pikku_django.workflows import registry
 from pikku_django.workflows._connections import release_connections
+from pikku_django.workflows._timeouts import renewal_ms
 from pikku_django.workflows._values import ClaimedStep, StepOutcome
 from pikku_django.workflows.errors import StepFunctionNotFoundError
 from pikku_django.workflows.logcontext import log_context, workflow_logger
@@ -232,11 +233,14 @@ class AsyncSteps:
         await asyncio.sleep(first_renewal_in(claimed))
         interval = renewal_interval_s(claimed.lease_ms)
         while True:
+            lease_ms = renewal_ms(claimed)
+            if lease_ms is None:
+                return  # past its timeout: the lease lapses at the deadline
             try:
                 held = await self._db(
                     self.engine.refresh_step_lease,
                     claimed.step_id,
-                    claimed.lease_ms,
+                    lease_ms,
                     claimed.attempt,
                 )
             except Exception:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -14,6 +15,7 @@ from pikku_django.dbclock import EpochMs
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
 from pikku_django.workflows._rates import free_claims, record_claim
 from pikku_django.workflows._runs import RunStates
+from pikku_django.workflows._timeouts import capped_lease_ms, time_out_lapsed
 from pikku_django.workflows._values import ClaimedStep, default_worker_id
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.errors import (
@@ -86,6 +88,8 @@ class Claims:
             lease = step.lease_expires_at
             if lease is None or lease >= step.store_now:  # type: ignore[attr-defined]
                 return None  # live, or parked on a child run
+            if time_out_lapsed(self.store, step, self.clock.now()):
+                return None  # failed as timed out: its retry policy takes it from here
             lapsed = Q(status=status, attempt=attempt, lease_expires_at__lt=EpochMs())
             if exhausted:
                 self._fail_lease_expired(step, lapsed)
@@ -104,6 +108,8 @@ class Claims:
     def new_attempt(
         self, step: WorkflowStep, guard: Q, *, lease_ms: int, worker: str
     ) -> ClaimedStep | None:
+        lease_ms = capped_lease_ms(lease_ms, step.timeout)
+        claimed_at = time.monotonic()  # before the claim: the worker's deadline is never late
         if not self.store.claim_attempt(step, guard, lease_ms=lease_ms, worker=worker):
             return None
         return ClaimedStep(
@@ -117,6 +123,8 @@ class Claims:
             lease_ms=lease_ms,
             queue=step.queue,
             reclaimed=step.status == StepStatus.RUNNING,
+            claimed_at=claimed_at,
+            timeout=step.timeout,
         )
 
     def claim_inline(self, step: WorkflowStep) -> ClaimedStep | None:

@@ -16,6 +16,7 @@ from pikku_django.workflows._dberrors import retrying
 from pikku_django.workflows._events import AttemptInfo
 from pikku_django.workflows._options import retry_delay_for
 from pikku_django.workflows._runs import RunStates
+from pikku_django.workflows._timeouts import check_in_time
 from pikku_django.workflows._values import (
     CarriedRun,
     ClaimedStep,
@@ -176,6 +177,7 @@ class Execution:
             if error is not None:
                 raise error
             result = to_json(value, what)
+            check_in_time(claimed)  # a late result is refused: the attempt timed out
             return retrying(
                 lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
             )
@@ -203,6 +205,7 @@ class Execution:
             # all: a superseded attempt's (or a stopped run's) writes roll back.
             with self.store.atomic():
                 result = to_json(registry.call_step_function(fn, claimed.input), what)
+                check_in_time(claimed)  # a late attempt's writes roll back
                 self._check_run_running(claimed)
                 return self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
 
@@ -211,6 +214,7 @@ class Execution:
                 # A deadlock or lock wait rolls it all back: made again, same attempt.
                 return retrying(transaction)
             result = to_json(registry.call_step_function(fn, claimed.input), what)
+            check_in_time(claimed)  # a late result is refused: the attempt timed out
             return retrying(
                 lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
             )

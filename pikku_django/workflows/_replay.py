@@ -3,6 +3,7 @@ run's lease, and write where it stopped (parked, claimed a step, or ended)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -17,6 +18,7 @@ from pikku_django.workflows._dberrors import is_transient
 from pikku_django.workflows._inline_steps import InlineSteps
 from pikku_django.workflows._memo import StepMemo
 from pikku_django.workflows._recorder import StepRecorder
+from pikku_django.workflows._timeouts import capped_lease_ms
 from pikku_django.workflows._values import (
     CarriedRun,
     ClaimedStep,
@@ -232,7 +234,10 @@ class Replay:
         """Store the queued step a pass reached as claimed by its claimer, parking the run."""
         run, claimer = recorder.run, recorder.claimer
         assert claimer is not None
-        lease_ms = self._config().lease_ms_for_queue(options.queue)
+        lease_ms = capped_lease_ms(
+            self._config().lease_ms_for_queue(options.queue), options.timeout
+        )
+        claimed_at = time.monotonic()
         new = NewStep.of(run, name, StepKind.QUEUED, options, payload)
         stored = self.store.insert_claimed(
             new, lease_ms=lease_ms, worker=claimer.worker, park_wakes=seen_wakes
@@ -256,4 +261,6 @@ class Replay:
             lease_ms=lease_ms,
             queue=options.queue,
             carried=CarriedRun(run, recorder.steps),
+            claimed_at=claimed_at,
+            timeout=options.timeout,
         )

@@ -47,6 +47,9 @@ def start_workflow(
     delay: Duration | None = None,
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
+    deadline: datetime | None = None,
+    timeout: Duration | None = None,
+    debounce: Duration | None = None,
 ) -> WorkflowRun:
     """Start a run of ``workflow`` (its name or decorated function) and return it.
 
@@ -64,6 +67,13 @@ def start_workflow(
     - ``concurrency_key`` (e.g. a customer id) and ``concurrency_limit`` (default 1):
       runs sharing the key are in progress at most that many at a time; the others
       wait, and start in start order as earlier ones end.
+    - ``deadline`` (a timezone-aware datetime) or ``timeout`` (a duration from the
+      run's start), not both: a run that has not ended by then fails with
+      ``WorkflowTimeoutError``, its waiting steps and child runs cancelled.
+
+    ``debounce`` (a duration; needs ``idempotency_key``) collapses the starts with
+    that key into one run that starts once no start has come for that long, with
+    the latest start's input; a start after its run has begun makes a new run.
     """
     return get_engine().start(
         workflow,
@@ -76,6 +86,9 @@ def start_workflow(
         delay=delay,
         concurrency_key=concurrency_key,
         concurrency_limit=concurrency_limit,
+        deadline=deadline,
+        timeout=timeout,
+        debounce=debounce,
     )
 
 

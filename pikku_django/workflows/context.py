@@ -17,13 +17,16 @@ from pikku_django.workflows import _published, _signals_in, _versions, registry
 from pikku_django.workflows._fanout import ParallelGroup, open_group
 from pikku_django.workflows._inline_steps import fresh
 from pikku_django.workflows._options import retry_delay_for
+from pikku_django.workflows._run_options import check_aware
 from pikku_django.workflows._values import Pause, StepOptions
 from pikku_django.workflows.durations import Duration, parse_duration
 from pikku_django.workflows.errors import (
     NonDeterministicWorkflowError,
     StepFailedError,
+    SuspendTimeoutError,
     WorkflowDefinitionError,
 )
+from pikku_django.workflows.registry import check_timeout
 
 if TYPE_CHECKING:
     from pikku_django.workflows._recorder import StepRecorder
@@ -94,6 +97,7 @@ class WorkflowContext:
         queued: bool | None = None,
         queue: str | None = None,
         transactional: bool | None = None,
+        timeout: Duration | None = None,
     ) -> Any:
         """Run a step once and return its result on every replay.
 
@@ -102,6 +106,8 @@ class WorkflowContext:
         child run; the result is its output), or any other callable (run
         inline, in this pass). On the last failed attempt, ``on_error(error)``
         runs as a step of its own and then :class:`StepFailedError` is raised.
+        ``timeout`` fails an attempt that runs longer (StepTimeoutError, retried by
+        its policy); the function itself is not interrupted.
         """
         step_name = self._step_name(name)
         child = registry.get_workflow(fn) if _may_be_workflow(fn) else None
@@ -115,6 +121,7 @@ class WorkflowContext:
             queued=queued,
             queue=queue,
             transactional=transactional,
+            timeout=timeout,
         )
         step = self._existing(step_name, options.kind, options.function)
         try:
@@ -165,10 +172,13 @@ class WorkflowContext:
         else:
             self._queued(step_name, step, options, data)
 
-    def sleep(self, name: str, duration: Duration) -> None:
-        """Wait ``duration`` (seconds, a timedelta or text like "5min") durably."""
+    def sleep(
+        self, name: str, duration: Duration | None = None, *, until: datetime | None = None
+    ) -> None:
+        """Wait ``duration`` (seconds, a timedelta or text like "5min"), or ``until`` a
+        timezone-aware time, durably (a time already past returns at once)."""
         step_name = self._step_name(name)
-        seconds = parse_duration(duration, what="sleep duration")
+        seconds = self._sleep_seconds(duration, until)
         step = self._existing(step_name, StepKind.SLEEP, "")
         if step is None:
             step = self._recorder.start_sleep(step_name, seconds)
@@ -180,14 +190,37 @@ class WorkflowContext:
             return
         raise Pause(due)
 
-    def suspend(self, reason: str = "", *, name: str = "suspend") -> Any:
-        """Suspend the run until ``resume_workflow(run_id, data)``; returns that data."""
+    def sleep_until(self, name: str, when: datetime) -> None:
+        """Wait durably until ``when`` (timezone-aware): ``sleep(name, until=when)``."""
+        self.sleep(name, until=when)
+
+    def _sleep_seconds(self, duration: Duration | None, until: datetime | None) -> float:
+        if (duration is None) == (until is None):
+            raise WorkflowDefinitionError(
+                "ctx.sleep takes a duration or until= (a time), exactly one of them"
+            )
+        if until is not None:
+            check_aware(until, "until")
+            return max(0.0, (until - self._recorder.now()).total_seconds())
+        return parse_duration(duration, what="sleep duration")
+
+    def suspend(
+        self, reason: str = "", *, name: str = "suspend", timeout: Duration | None = None
+    ) -> Any:
+        """Suspend the run until ``resume_workflow(run_id, data)``; returns that data.
+
+        With ``timeout``, a suspension not resumed that long after it began ends
+        with :class:`SuspendTimeoutError` raised here instead (catch it to go on).
+        """
         step_name = self._step_name(name)
+        seconds = None if timeout is None else check_timeout(timeout)
         step = self._existing(step_name, StepKind.SUSPEND, "")
         if step is None:
-            step = self._recorder.start_suspension(step_name, str(reason))
+            step = self._recorder.start_suspension(step_name, str(reason), seconds)
         if step.status == StepStatus.SUCCEEDED:
             return fresh(step.result)
+        if step.status == StepStatus.FAILED:
+            raise SuspendTimeoutError(step.name, step.timeout or 0.0)
         self._recorder.suspend_at(step)
         raise Pause(None)
 

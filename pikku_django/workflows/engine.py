@@ -30,6 +30,8 @@ from pikku_django.leases import HeldLease, LeaseService, hold_lease
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
 from pikku_django.workflows import registry
 from pikku_django.workflows._claims import Claims
+from pikku_django.workflows._deadlines import RunDeadlines
+from pikku_django.workflows._debounce import check_debounce
 from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows._execution import Execution
 from pikku_django.workflows._inline import InlineDriver
@@ -117,6 +119,7 @@ class WorkflowEngine:
         self._replay = Replay(self._inline_steps, settings, self.run_lease)
         self._driver = InlineDriver(self._claims, self._execution, self.orchestrate, self.get_run)
         self._sender = EventSender(self._states, self._lifecycle, self.drive_inline)
+        self._deadlines = RunDeadlines(self._states, self.cancel, self.drive_inline)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -157,13 +160,17 @@ class WorkflowEngine:
         delay: Duration | None = None,
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
+        deadline: datetime | None = None,
+        timeout: Duration | None = None,
+        debounce: Duration | None = None,
     ) -> WorkflowRun:
         """Create a run (or return the one with this idempotency key) and wake it;
         ``inline`` runs it to an end in this process first. ``priority``, ``queue``,
-        ``start_at``, ``delay`` and the concurrency key and limit override the
-        workflow's defaults (see
-        :func:`~pikku_django.workflows.start_workflow`)."""
+        ``start_at``, ``delay``, the concurrency key and limit, ``deadline``,
+        ``timeout`` and ``debounce`` are as
+        :func:`~pikku_django.workflows.start_workflow` describes them."""
         definition = self._definition(workflow)
+        window = check_debounce(debounce, idempotency_key, inline)
         options = resolve_run_options(
             definition,
             self.clock.now(),
@@ -175,9 +182,17 @@ class WorkflowEngine:
             concurrency_key=concurrency_key,
             concurrency_limit=concurrency_limit,
             input=input,
+            deadline=deadline,
+            timeout=timeout,
+            debounce=window,
         )
         run, created = self._lifecycle.start(
-            definition, input, idempotency_key=idempotency_key, inline=inline, options=options
+            definition,
+            input,
+            idempotency_key=idempotency_key,
+            inline=inline,
+            options=options,
+            debounced=window is not None,
         )
         return self.drive_inline(run.id) if inline and created else run
 
@@ -412,6 +427,15 @@ class WorkflowEngine:
     ) -> list[ClaimedStep]:
         """Claim queued steps that are ready: scheduled, due for retry, or whose claim lapsed."""
         return self._claims.due_steps(queues, limit, worker)
+
+    def enforce_deadlines(self, limit: int = 100) -> int:
+        """Fail the runs past their deadline and time out the suspensions past theirs:
+        how many were (workers do this on every look for due work)."""
+        return self._deadlines.enforce(limit)
+
+    def deadlines_due(self) -> bool:
+        """Whether a run's deadline or a suspension's timeout is past now."""
+        return self._deadlines.has_due()
 
     def start_waiting_runs(self, limit: int = 100) -> int:
         """Start the runs that registered intakes (stored webhook events...) hold for

@@ -62,6 +62,8 @@ class WorkflowDefinition:
     concurrency_key: KeyDefault | None = None
     #: How many runs sharing a key may be in progress at once.
     concurrency_limit: int = 1
+    #: Seconds from a start to its run's deadline (None: no deadline).
+    timeout: float | None = None
 
     @property
     def carried_versions(self) -> frozenset[str]:
@@ -80,6 +82,8 @@ class StepDefinition:
     retry_delay: float | None = None
     backoff: str | None = None
     transactional: bool = False
+    #: Seconds each attempt may run before it is failed with StepTimeoutError.
+    timeout: float | None = None
 
     @property
     def is_async(self) -> bool:
@@ -168,6 +172,7 @@ def workflow(
     replays: tuple[str, ...] | list[str] = (),
     concurrency_key: KeyDefault | None = None,
     concurrency_limit: int = 1,
+    timeout: Duration | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -185,6 +190,7 @@ def workflow(
     replays: tuple[str, ...] | list[str] = (),
     concurrency_key: KeyDefault | None = None,
     concurrency_limit: int = 1,
+    timeout: Duration | None = None,
 ) -> Any:
     """Register ``fn(ctx, input)`` as a workflow, under ``name`` or its function name.
 
@@ -199,6 +205,8 @@ def workflow(
     ``ctx.patched``), for workers limited to the versions they carry.
     ``concurrency_key`` (text, or a function of the input returning it) makes runs
     sharing a key run ``concurrency_limit`` (default 1) at a time, in start order.
+    ``timeout`` gives each run a deadline that long after its start (see
+    ``start_workflow(timeout=...)``).
     """
     check_priority(priority)
     if queue is not None:
@@ -209,6 +217,7 @@ def workflow(
         check_concurrency_limit(concurrency_limit)
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(f"workflow {exc}") from None
+    run_timeout = None if timeout is None else check_timeout(timeout)
     for option, value in (("schedule", schedule), ("timezone", timezone)):
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ImproperlyConfigured(f"workflow {option}= must be a non-empty str, not {value!r}")
@@ -238,6 +247,7 @@ def workflow(
             older,
             key,
             concurrency_limit,
+            run_timeout,
         )
         _register(_workflows, wf_name, definition, "workflow")
         func.__pikku_workflow__ = wf_name  # type: ignore[attr-defined]
@@ -257,6 +267,7 @@ def step(
     retry_delay: Duration | None = None,
     backoff: str | None = None,
     transactional: bool = False,
+    timeout: Duration | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -270,24 +281,27 @@ def step(
     retry_delay: Duration | None = None,
     backoff: str | None = None,
     transactional: bool = False,
+    timeout: Duration | None = None,
 ) -> Any:
     """Register ``fn(data)`` as a step function that workers run, by name.
 
-    ``queue``, ``retries``, ``retry_delay``, ``backoff`` and ``transactional``
-    are its defaults; ``ctx.do(...)`` may override each.
+    ``queue``, ``retries``, ``retry_delay``, ``backoff``, ``transactional`` and
+    ``timeout`` (how long one attempt may run) are its defaults; ``ctx.do(...)``
+    may override each.
     """
     if retries is not None:
         check_retries(retries)
     delay = None if retry_delay is None else parse_duration(retry_delay, what="retry_delay")
     if backoff is not None:
         check_backoff(backoff)
+    attempt_timeout = None if timeout is None else check_timeout(timeout)
 
     def register(func: F) -> F:
         step_name = _check_name(name or func.__name__, "step")
         if transactional:
             check_not_async_transactional(func, f"Step {step_name!r}")
         definition = StepDefinition(
-            step_name, func, queue, retries, delay, backoff, bool(transactional)
+            step_name, func, queue, retries, delay, backoff, bool(transactional), attempt_timeout
         )
         _register(_steps, step_name, definition, "step function")
         func.__pikku_step__ = step_name  # type: ignore[attr-defined]
@@ -329,6 +343,14 @@ def check_queue(queue: object) -> str:
 def check_delay(delay: object) -> float:
     """``delay`` (seconds, a timedelta or text like "5m") in seconds, 0 or more."""
     return parse_duration(delay, what="delay")
+
+
+def check_timeout(timeout: object, what: str = "timeout") -> float:
+    """``timeout`` (seconds, a timedelta or text like "30s") in seconds, more than 0."""
+    seconds = parse_duration(timeout, what=what)
+    if seconds <= 0:
+        raise ValueError(f"{what} must be more than 0 seconds, not {timeout!r}")
+    return seconds
 
 
 def check_backoff(backoff: object) -> str:

@@ -11,6 +11,7 @@ from typing import Protocol
 from django.db import connections
 
 from pikku_django.timers import call_later
+from pikku_django.workflows._timeouts import renewal_ms
 from pikku_django.workflows._values import ClaimedStep
 from pikku_django.workflows.logcontext import workflow_logger
 
@@ -72,10 +73,11 @@ def keep_step_lease(engine: LeaseRefresher, claimed: ClaimedStep) -> Iterator[th
             renewing.append(threading.current_thread())
         try:
             while True:
+                lease_ms = renewal_ms(claimed)
+                if lease_ms is None:
+                    return  # past its timeout: the lease lapses at the deadline
                 try:
-                    held = engine.refresh_step_lease(
-                        claimed.step_id, claimed.lease_ms, claimed.attempt
-                    )
+                    held = engine.refresh_step_lease(claimed.step_id, lease_ms, claimed.attempt)
                 except Exception:
                     logger.warning(
                         "Renewing the lease of step %s failed; will retry",

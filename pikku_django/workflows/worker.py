@@ -23,7 +23,7 @@ from pikku_django.workflows._heartbeat import WorkerHeartbeats
 from pikku_django.workflows._listen import listen_for_work
 from pikku_django.workflows._values import StepOutcome, Wake
 from pikku_django.workflows.engine import CarriedRun, ClaimedStep, StepClaimer, WorkflowEngine
-from pikku_django.workflows.intake import intakes
+from pikku_django.workflows.intake import intakes, seconds_until_due
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.step_lease import keep_step_lease
 
@@ -313,6 +313,9 @@ class Worker:
                 if linked >= INTAKE_BATCH:  # there may be more
                     self._intake_waiting.set()
                 started += linked
+                due = seconds_until_due(intake, self.engine)  # e.g. a cron schedule's tick
+                if due is not None:
+                    self._next_intake_look = min(self._next_intake_look, time.monotonic() + due)
             return started
         finally:
             self._intake_lock.release()
@@ -468,7 +471,7 @@ class Worker:
         # Only what falls due later counts: anything already due that this thread
         # could not claim (taken by another worker, or its run was cancelled) must
         # not make it spin.
-        waits = [self.poll_interval]
+        waits = [self.poll_interval, self._next_intake_look - time.monotonic()]
         if due.lapse_in_ms is not None:
             waits.append(due.lapse_in_ms / 1000)
         for at in (due.step_due, due.run_due):

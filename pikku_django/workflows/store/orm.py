@@ -383,6 +383,7 @@ class OrmStore(WorkflowStore):
                         concurrency_key=options.concurrency_key,
                         concurrency_limit=options.concurrency_limit,
                         key_waiting=options.concurrency_key is not None,
+                        deadline_at=options.deadline_at,
                         wake_at=None
                         if options.concurrency_key is not None
                         else options.due_at(wake_at),

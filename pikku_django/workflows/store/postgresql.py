@@ -50,6 +50,7 @@ NEW_STEP_FIELDS = (
     "queue",
     "transactional",
     "priority",
+    "timeout",
 )
 #: Then the columns every insert of a step writes after those.
 STEP_STATE_FIELDS = (
@@ -64,7 +65,7 @@ STEP_STATE_FIELDS = (
 )
 RUN_FIELDS = ("id", "workflow", "status", "input", "output", "error", "suspend_reason")
 RUN_FIELDS_REST = ("inline", "idempotency_key", "wake_at", "wakes", "created_at", "updated_at")
-RUN_OPTION_FIELDS = ("priority", "queue", "start_at")
+RUN_OPTION_FIELDS = ("priority", "queue", "start_at", "deadline_at")
 
 
 def _q(name: str) -> str:
@@ -134,7 +135,7 @@ def _statements() -> dict[str, str]:
         return _c(att, name)
 
     new_cols = columns(step, NEW_STEP_FIELDS + STEP_STATE_FIELDS, _q)
-    new_vals = "%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s"
+    new_vals = "%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s"
     run_is_running = f"EXISTS (SELECT 1 FROM {RUNS} WHERE {r('id')} = %s AND {r('status')} = %s)"
     conflict = f"ON CONFLICT ({s('run_id')}, {s('name')}) DO NOTHING"
     attempt_cols = columns(att, ("step_id", "attempt", "status", "result", "error"), _q)
@@ -191,10 +192,10 @@ def _statements() -> dict[str, str]:
             f"INSERT INTO {RUNS} "
             f"({columns(run, RUN_FIELDS + RUN_FIELDS_REST + RUN_OPTION_FIELDS, _q)}) "
             f"SELECT u, w, %s, i::jsonb, NULL, NULL, '', false, k, GREATEST(%s, a), 0, %s, %s, "
-            f"p, q, a "
+            f"p, q, a, d "
             f"FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::smallint[], "
-            f"%s::text[], %s::timestamptz[]) "
-            f"WITH ORDINALITY AS n(u, w, i, k, p, q, a, o) "
+            f"%s::text[], %s::timestamptz[], %s::timestamptz[]) "
+            f"WITH ORDINALITY AS n(u, w, i, k, p, q, a, d, o) "
             f"ORDER BY o ON CONFLICT ({r('workflow')}, {r('idempotency_key')}) DO NOTHING "
             f"RETURNING {r('id')}"
         ),
@@ -407,6 +408,7 @@ class PostgresStore(OrmStore):
             [new.run_options.priority for new in runs],
             [new.run_options.queue for new in runs],
             [new.run_options.start_at for new in runs],
+            [new.run_options.deadline_at for new in runs],
         ]
         made = {row[0] for row in fetch(self.using, self._sql("create_runs"), params)}
         if len(made) < len(runs):  # some keys were taken (or repeated): those runs exist
