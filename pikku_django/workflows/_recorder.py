@@ -42,7 +42,7 @@ class StepRecorder:
         self.clock = inline.clock
         #: Set by a worker's pass: the queued step this pass reaches is claimed for
         #: that worker as it is stored, instead of waiting on the queue.
-        self.claimer = None if run.inline else claimer
+        self.claimer = claimer if claimer is None or claimer.inline == run.inline else None
         #: The queued step the pass stopped at, when the claimer takes it.
         self.claim_request: tuple[str, StepOptions, Any] | None = None
         #: Options of calls that name only a function, by function: a loop over one

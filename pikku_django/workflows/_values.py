@@ -217,6 +217,8 @@ class StepClaimer:
     worker: str
     #: The queues the worker serves (all when empty).
     queues: tuple[str, ...] = ()
+    #: Whether it drives inline runs in their caller's process (no worker passes those).
+    inline: bool = False
 
     def takes(self, options: StepOptions) -> bool:
         return (

@@ -111,7 +111,9 @@ class WorkflowEngine:
         self._execution = Execution(self._states, settings)
         self._inline_steps = InlineSteps(self._states, self._claims, self._execution)
         self._replay = Replay(self._inline_steps, settings, self.run_lease)
-        self._driver = InlineDriver(self._claims, self._execution, self.orchestrate, self.get_run)
+        self._driver = InlineDriver(
+            self._claims, self._execution, self.orchestrate, self.get_run, self.run_lease
+        )
 
     # -- plumbing ---------------------------------------------------------------
 
