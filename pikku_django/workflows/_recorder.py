@@ -48,9 +48,28 @@ class StepRecorder:
         #: Options of calls that name only a function, by function: a loop over one
         #: function resolves them once a pass.
         self._options: dict[Any, StepOptions] = {}
+        #: The run had no steps when it was claimed, and none has been read since:
+        #: see :meth:`recorded`.
+        self.unread = False
+        self._resolved: StepOptions | None = None
 
     def recorded(self, name: str) -> WorkflowStep | None:
+        """The step recorded under ``name``, or None. While the steps are unread, only
+        a queued step this pass's claimer takes (the options just resolved) may be
+        taken as new; anything else raises :class:`StepsUnread`."""
+        resolved, self._resolved = self._resolved, None
+        if self.unread and not (resolved is not None and self._claims(resolved)):
+            raise StepsUnread()
         return self.steps.get(name)
+
+    def _claims(self, options: StepOptions) -> bool:
+        """Whether this pass's claimer takes a new queued step with ``options``."""
+        return (
+            self.claimer is not None
+            and self.claimer.takes(options)
+            # A limited queue's steps are claimed where its limit is counted.
+            and self.config.concurrency_of(options.queue) is None
+        )
 
     def remember(self, step: WorkflowStep) -> None:
         self.steps[step.name] = step
@@ -73,7 +92,8 @@ class StepRecorder:
         plain = all(value is None for value in given)
         if plain:
             with contextlib.suppress(KeyError, TypeError):  # not resolved yet, or not a key
-                return self._options[fn]
+                self._resolved = self._options[fn]
+                return self._resolved
         options = resolve_step_options(
             self.config,
             fn,
@@ -88,6 +108,7 @@ class StepRecorder:
         if plain:
             with contextlib.suppress(TypeError):
                 self._options[fn] = options
+        self._resolved = options
         return options
 
     # -- queued steps ----------------------------------------------------------------
@@ -95,14 +116,11 @@ class StepRecorder:
     def queue(self, name: str, options: StepOptions, data: Any) -> WorkflowStep:
         """Store a new queued step: claimed by this pass's claimer (Pause), or scheduled."""
         payload = to_json(data, f"The input of step {name!r}")
-        if (
-            self.claimer is not None
-            and self.claimer.takes(options)
-            # A limited queue's steps are claimed where its limit is counted.
-            and self.config.concurrency_of(options.queue) is None
-        ):
+        if self._claims(options):
             self.claim_request = (name, options, payload)
             raise Pause(None)
+        if self.unread:
+            raise StepsUnread()
         missing = registry.get_step(options.function) is None
         step = self.inline.create(
             self.run,
@@ -194,3 +212,8 @@ class StepRecorder:
     def suspend_at(self, step: WorkflowStep) -> None:
         """Suspend the run at ``step``."""
         self.states.suspend_for_step(self.run, step)
+
+
+class StepsUnread(BaseException):
+    """A pass that replayed against no steps reached one it cannot take as new
+    without reading the run's steps: the pass reads them and replays again."""

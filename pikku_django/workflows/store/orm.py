@@ -25,7 +25,7 @@ from pikku_django.models import (
     WorkflowRun,
     WorkflowStep,
 )
-from pikku_django.workflows._values import NewStep, NextDue, Settled, Wake
+from pikku_django.workflows._values import DueRun, NewStep, NextDue, Settled, Wake
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.store.base import CHANNEL, NewRun, WorkflowStore
 
@@ -260,18 +260,21 @@ class OrmStore(WorkflowStore):
 
     # -- finding work --------------------------------------------------------------------
 
-    def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID]:
+    def claim_due_run_rows(self, now: datetime, until: datetime, limit: int) -> list[DueRun]:
+        stepped = Exists(self.steps().filter(run_id=OuterRef("id")))
         with self.claims_serialised(), self.atomic():
-            ids = list(
+            runs = list(
                 self.worker_runs()
                 .filter(wake_at__lte=now)
                 .order_by(*RUN_CLAIM_ORDER)
                 .select_for_update(skip_locked=True)
-                .values_list("id", flat=True)[:limit]
+                .annotate(stepped=stepped)[:limit]
             )
-            if ids:
-                self.runs().filter(id__in=ids).update(wake_at=until)
-        return ids
+            if runs:
+                self.runs().filter(id__in=[run.id for run in runs]).update(wake_at=until)
+        for run in runs:
+            run.wake_at = until
+        return [DueRun(run, stepless=not run.stepped) for run in runs]
 
     def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
         return True  # the claim's own query is as cheap here
