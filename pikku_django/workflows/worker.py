@@ -92,6 +92,8 @@ class Worker:
         )
         self.stopping = threading.Event()
         self._waits = IdleThreads()
+        #: Per thread: when it next looks for ready steps while runs keep it busy.
+        self._step_look = threading.local()
         self._idle: set[int] = set()
         self._in_flight: dict[int, ClaimedStep] = {}
         self._lock = threading.Lock()
@@ -317,6 +319,12 @@ class Worker:
             done += self._carry(due.run.id, claimer, due=due)
         if self.stopping.is_set():
             return done
+        # A thread kept busy by due runs looks for ready steps once a chain's time,
+        # not after every run: the steps its passes reach it claims as it goes.
+        now = time.monotonic()
+        if done and now < getattr(self._step_look, "next", 0.0):
+            return done
+        self._step_look.next = now + CHAIN_SECONDS
         for claimed in engine.claim_due_steps(self.queues, 1, claimer.worker):
             done += self._carry(claimed.run_id, claimer, claimed)
         return done
