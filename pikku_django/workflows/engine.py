@@ -64,6 +64,7 @@ __all__ = [
     "LEASE_TAKEN_RETRY",
     "CarriedRun",
     "ClaimedStep",
+    "DueRun",
     "StepClaimer",
     "StepOptions",
     "StepOutcome",
