@@ -23,6 +23,11 @@ _WORKFLOW_API = {
     "WorkflowEngine",
     "StepFailedError",
     "FakeClock",
+    "send_event",
+    "send_event_with_start",
+    "wait_for_run",
+    "await_run",
+    "JoinPolicy",
 }
 
 
@@ -39,6 +44,7 @@ __all__ = [
     "FakeClock",
     "HeldLease",
     "InMemoryLeaseService",
+    "JoinPolicy",
     "Lease",
     "LeaseError",
     "LeaseLostError",
@@ -48,11 +54,15 @@ __all__ = [
     "WorkflowContext",
     "WorkflowEngine",
     "__version__",
+    "await_run",
     "cancel_workflow",
     "get_lease_service",
     "hold_lease",
     "resume_workflow",
+    "send_event",
+    "send_event_with_start",
     "start_workflow",
     "step",
+    "wait_for_run",
     "workflow",
 ]

@@ -56,6 +56,7 @@ from pikku_django.admin.formatting import (
     workflow_title,
 )
 from pikku_django.admin.queries import queues, run_duration, search_filter, with_list_columns
+from pikku_django.admin.run_events import events_table, published_block
 from pikku_django.admin.run_page import build_timeline, tree_html
 from pikku_django.admin.steering import OPERATIONS, Operation, RunSteeringMixin, log_operation
 from pikku_django.admin.steps import (
@@ -219,12 +220,13 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
     )
     actions = ("cancel_runs", "resume_runs", "retry_runs", "delete_selected")
     fieldsets = (
-        (None, {"fields": ("id", "workflow_name", "idempotency_key", "inline")}),
+        (None, {"fields": ("id", "workflow_name", "version", "idempotency_key", "inline")}),
         (
             gettext_lazy("Timing"),
             {"fields": ("started", "last_change", "duration", "next_orchestration", "wakes")},
         ),
         (gettext_lazy("Data"), {"fields": ("input_json",)}),
+        (gettext_lazy("Events and published values"), {"fields": ("events", "published_json")}),
     )
     readonly_fields = (
         "id",
@@ -237,6 +239,9 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
         "next_orchestration",
         "wakes",
         "input_json",
+        "version",
+        "events",
+        "published_json",
     )
 
     class Media:
@@ -412,6 +417,14 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
     @admin.display(description=gettext_lazy("input"))
     def input_json(self, obj: WorkflowRun) -> SafeString | str:
         return json_block(obj.input)
+
+    @admin.display(description=gettext_lazy("events"))
+    def events(self, obj: WorkflowRun) -> SafeString | str:
+        return events_table(obj)
+
+    @admin.display(description=gettext_lazy("published values"))
+    def published_json(self, obj: WorkflowRun) -> SafeString | str:
+        return published_block(obj)
 
     def render_change_form(
         self,

@@ -1,5 +1,6 @@
 """pikku_django's models, one module per concern."""
 
+from pikku_django.models.events import WorkflowEvent
 from pikku_django.models.heartbeats import WorkerHeartbeat
 from pikku_django.models.leases import Lease
 from pikku_django.models.schedules import MissedTicks, Schedule, ScheduleOrigin
@@ -32,6 +33,7 @@ __all__ = [
     "TriggerSource",
     "WebhookReceipt",
     "WorkerHeartbeat",
+    "WorkflowEvent",
     "WorkflowRun",
     "WorkflowStep",
 ]

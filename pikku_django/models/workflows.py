@@ -46,6 +46,10 @@ class StepKind(models.TextChoices):
     SLEEP = "sleep", _("sleep")
     SUSPEND = "suspend", _("suspend")
     CHILD = "child", _("child workflow")
+    EVENT = "event", _("wait for an event")
+    PUBLISH = "publish", _("published value")
+    PATCH = "patch", _("patch marker")
+    PARALLEL = "parallel", _("parallel group")
 
 
 class Backoff(models.TextChoices):
@@ -113,6 +117,21 @@ class WorkflowRun(models.Model):
         blank=True,
         editable=False,
         help_text=_("the W3C trace headers of the code that started the run (OpenTelemetry)"),
+    )
+    version = models.CharField(
+        _("version"),
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_("the workflow version (declared, or a hash of its code) it started under"),
+    )
+    published = models.JSONField(
+        _("published values"),
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("the values the run set with ctx.set_event, by name"),
     )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
@@ -191,6 +210,17 @@ class WorkflowStep(models.Model):
     )
     transactional = models.BooleanField(_("transactional"), default=False)
     available_at = models.DateTimeField(_("available at"), null=True, blank=True)
+    #: A branch's parallel group (a step of kind ``parallel`` of the same run).
+    group = models.ForeignKey(
+        "self",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="branches",
+        verbose_name=_("parallel group"),
+    )
+    #: A parallel group's child branches not settled yet: the last one wakes the run.
+    open_branches = models.IntegerField(_("open child branches"), default=0, db_default=0)
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
 

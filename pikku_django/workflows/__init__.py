@@ -1,12 +1,25 @@
 """Durable workflows: functions replayed step by step, run by ``pikku_worker``."""
 
+from pikku_django.workflows._fanout import Branch, JoinPolicy, Outcome, ParallelGroup
 from pikku_django.workflows._run_options import RunOptions
+from pikku_django.workflows._signals_in import (
+    TIMED_OUT,
+    EventOutcome,
+    EventTimeout,
+    RunKey,
+    SentEvent,
+)
 from pikku_django.workflows.api import (
+    await_run,
     cancel_workflow,
     get_engine,
+    published_values,
     resume_workflow,
     retry_workflow,
+    send_event,
+    send_event_with_start,
     start_workflow,
+    wait_for_run,
 )
 from pikku_django.workflows.clock import Clock, FakeClock
 from pikku_django.workflows.config import EngineConfig
@@ -15,8 +28,10 @@ from pikku_django.workflows.engine import ClaimedStep, StepOutcome, Wake, Workfl
 from pikku_django.workflows.errors import (
     NonDeterministicWorkflowError,
     NotSerializableError,
+    RunWaitTimeoutError,
     StepFailedError,
     StepFunctionNotFoundError,
+    UnknownPatchError,
     WorkflowError,
     WorkflowNotFoundError,
     WorkflowRunNotFoundError,
@@ -32,20 +47,31 @@ from pikku_django.workflows.store import NewRun
 __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
+    "TIMED_OUT",
+    "Branch",
     "ClaimedStep",
     "Clock",
     "EngineConfig",
+    "EventOutcome",
+    "EventTimeout",
     "FakeClock",
     "Intake",
+    "JoinPolicy",
     "NewRun",
     "NonDeterministicWorkflowError",
     "NotSerializableError",
+    "Outcome",
+    "ParallelGroup",
     "QueueSettings",
     "Rate",
+    "RunKey",
     "RunOptions",
+    "RunWaitTimeoutError",
+    "SentEvent",
     "StepFailedError",
     "StepFunctionNotFoundError",
     "StepOutcome",
+    "UnknownPatchError",
     "Wake",
     "WorkflowContext",
     "WorkflowEngine",
@@ -55,13 +81,18 @@ __all__ = [
     "WorkflowRunStateError",
     "WorkflowStepLeaseExpiredError",
     "WorkflowStepSupersededError",
+    "await_run",
     "cancel_workflow",
     "get_engine",
+    "published_values",
     "register_intake",
     "resume_workflow",
     "retry_workflow",
+    "send_event",
+    "send_event_with_start",
     "start_workflow",
     "step",
     "unregister_intake",
+    "wait_for_run",
     "workflow",
 ]

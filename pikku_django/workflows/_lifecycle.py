@@ -14,7 +14,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._branches import failed_group
 from pikku_django.workflows._run_options import RunOptions
+from pikku_django.workflows._run_waits import announce_run_end
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._values import to_json
 from pikku_django.workflows.errors import WorkflowRunNotFoundError, WorkflowRunStateError
@@ -78,6 +80,7 @@ class RunLifecycle:
                     start_at=options.start_at,
                     wake_at=None if inline else options.due_at(self.clock.now()),
                     trace_context=current_trace_context(),
+                    version=definition.version,
                 )
                 self.states.events.run_started(run)
                 if not inline:
@@ -85,7 +88,12 @@ class RunLifecycle:
         except IntegrityError:
             if idempotency_key is None:
                 raise
-            return runs.get(workflow=definition.name, idempotency_key=idempotency_key), False
+            with self.store.atomic():
+                # A locking read: it sees the winner's row under repeatable read too.
+                taken = runs.select_for_update().filter(
+                    workflow=definition.name, idempotency_key=idempotency_key
+                )
+                return taken.get(), False
         with log_context(workflow=run.workflow, run_id=str(run.id)):
             logger.info("Run started%s", " (inline)" if inline else "")
         return run, True
@@ -143,6 +151,7 @@ class RunLifecycle:
                     return run, False
                 raise WorkflowRunStateError(f"Run {run.id} is {run.status}: it cannot be cancelled")
             self.states.events.run_finished(run, RunStatus.CANCELLED)
+            announce_run_end(self.store.using, run.id, notifying=self.store.notifying)
             children = list(
                 self.store.steps()
                 .filter(run_id=run.id, kind=StepKind.CHILD, child_run__isnull=False)
@@ -158,6 +167,12 @@ class RunLifecycle:
     def retry(self, run_id: uuid.UUID | str) -> WorkflowRun:
         """Reopen a failed run at the step whose failure failed it."""
         run = self.get(run_id)
+        group = failed_group(self.store, run.id)
+        if group is not None:
+            raise WorkflowRunStateError(
+                f"Run {run.id} failed at the fail-fast join of parallel group {group!r}, "
+                "which is not reopened: start a new run"
+            )
         with self.store.atomic():
             reopened = self._reopen_failed_run(run)
             if not run.inline:

@@ -120,10 +120,13 @@ class StepRecorder:
 
     # -- queued steps ----------------------------------------------------------------
 
-    def queue(self, name: str, options: StepOptions, data: Any) -> WorkflowStep:
-        """Store a new queued step: claimed by this pass's claimer (Pause), or scheduled."""
+    def queue(
+        self, name: str, options: StepOptions, data: Any, *, group: WorkflowStep | None = None
+    ) -> WorkflowStep:
+        """Store a new queued step: claimed by this pass's claimer (Pause), or scheduled
+        (always, for a branch of a parallel ``group``: the pass goes on)."""
         payload = to_json(data, f"The input of step {name!r}")
-        if self._claims(options):
+        if group is None and self._claims(options):
             self.claim_request = (name, options, payload)
             raise Pause(None)
         if self.unread:
@@ -143,6 +146,7 @@ class StepRecorder:
             queue=options.queue,
             transactional=options.transactional,
             available_at=self.clock.now(),
+            group=group,
         )
         if not missing:
             self.store.notify()
@@ -178,6 +182,7 @@ class StepRecorder:
                     priority=self.run.priority,  # a child step inherits it, as any step
                     wake_at=None if self.run.inline else self.clock.now(),
                     trace_context=self.run.trace_context,
+                    version=_version_of(workflow),
                 )
                 self.states.events.run_started(child, parent_run_id=self.run.id)
                 self.store.steps().filter(id=step.id).update(child_run=child)
@@ -219,6 +224,11 @@ class StepRecorder:
     def suspend_at(self, step: WorkflowStep) -> None:
         """Suspend the run at ``step``."""
         self.states.suspend_for_step(self.run, step)
+
+
+def _version_of(workflow: str) -> str:
+    definition = registry.get_workflow(workflow)
+    return definition.version if definition is not None else ""
 
 
 class StepsUnread(BaseException):

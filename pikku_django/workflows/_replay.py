@@ -27,17 +27,22 @@ from pikku_django.workflows._values import (
     StepOptions,
     to_json,
 )
+from pikku_django.workflows._versions import check_no_unknown_patch, version_admitted
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.errors import (
     NotSerializableError,
     StepFunctionNotFoundError,
+    UnknownPatchError,
     WorkflowStepSupersededError,
     serialize_error,
 )
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 
 logger = workflow_logger(__name__)
+
+#: How soon a run this worker's code cannot pass is offered to the workers again.
+NOT_CARRIED_RETRY = timedelta(seconds=2)
 
 
 class Replay:
@@ -184,6 +189,9 @@ class Replay:
                 run, f"WORKFLOW_NOT_FOUND: no workflow is registered as {run.workflow!r}"
             )
             return None
+        if not version_admitted(self.states, definition, run, self._config().carried_versions_only):
+            self._not_carried(run, f"version {run.version!r} is not carried here")
+            return None
         if steps is None:
             steps = self.memo.load(self.store, run.id)
         recorder = StepRecorder(
@@ -195,6 +203,7 @@ class Replay:
         ctx = WorkflowContext(recorder)
         try:
             output = definition.fn(ctx, ctx.input)
+            check_no_unknown_patch(ctx, None)
         except Pause as pause:
             if recorder.claim_request is not None and recorder.claimer is not None:
                 name, options, payload = recorder.claim_request
@@ -208,6 +217,9 @@ class Replay:
         except StepFunctionNotFoundError as exc:
             self.states.suspend(run, f"RPC_NOT_FOUND: {exc}")
             return None
+        except UnknownPatchError as exc:
+            self._not_carried(run, str(exc))
+            return None
         except (WorkflowStepSupersededError, LeaseLostError, DatabaseError):
             raise
         except Exception as exc:
@@ -220,6 +232,12 @@ class Replay:
             return None
         self.states.finish(run, RunStatus.COMPLETED, output=payload)
         return None
+
+    def _not_carried(self, run: WorkflowRun, why: str) -> None:
+        """Leave a run this code cannot replay to workers that carry its code."""
+        logger.warning("Run left to other workers: %s", why)
+        self.memo.forget(run.id)
+        self.states.wake_soon(run.id, NOT_CARRIED_RETRY)
 
     def _claim_new_step(
         self,

@@ -9,6 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from pikku_django.models import WorkflowRun
+from pikku_django.workflows._sending import RunRef
+from pikku_django.workflows._signals_in import SentEvent
 from pikku_django.workflows.durations import Duration
 from pikku_django.workflows.engine import WorkflowEngine
 
@@ -83,3 +85,75 @@ def cancel_workflow(run_id: uuid.UUID | str) -> WorkflowRun:
 def retry_workflow(run_id: uuid.UUID | str) -> WorkflowRun:
     """Retry a failed run from the step that failed it: one more attempt, history kept."""
     return get_engine().retry(run_id)
+
+
+def send_event(
+    run: RunRef, name: str, data: Any = None, *, event_id: str | None = None
+) -> SentEvent:
+    """Send the event ``name`` with ``data`` to a run: by id, as a row, or by
+    ``RunKey(workflow, idempotency_key)``.
+
+    Durable and idempotent by ``event_id`` (default: a new id each call): the same
+    id again changes nothing. A pending ``ctx.wait_for_event(name)`` of the run gets
+    it and the run is woken, in the caller's transaction; an event sent before its
+    wait is kept for it. Nothing is stored for a run that has ended.
+    """
+    return get_engine().send_event(run, name, data, event_id=event_id)
+
+
+def send_event_with_start(
+    workflow: str | Callable[..., Any],
+    idempotency_key: str,
+    name: str,
+    data: Any = None,
+    *,
+    input: Any = None,
+    event_id: str | None = None,
+    priority: int | None = None,
+    queue: str | None = None,
+) -> SentEvent:
+    """As :func:`send_event` to the run of ``workflow`` with ``idempotency_key``,
+    first starting it (with ``input``) when no run holds the key: concurrent
+    senders start one run, and each event reaches it."""
+    return get_engine().send_event_with_start(
+        workflow,
+        idempotency_key,
+        name,
+        data,
+        input=input,
+        event_id=event_id,
+        priority=priority,
+        queue=queue,
+    )
+
+
+def published_values(run_id: uuid.UUID | str) -> dict[str, Any]:
+    """The values a run has published with ``ctx.set_event``, by name."""
+    return get_engine().published_values(run_id)
+
+
+def wait_for_run(
+    run_id: uuid.UUID | str, timeout: float, *, poll_interval: float | None = None
+) -> WorkflowRun:
+    """Block until the run has ended (completed, failed or cancelled) and return it;
+    :class:`~pikku_django.workflows.RunWaitTimeoutError` after ``timeout`` seconds.
+    PostgreSQL wakes the wait with NOTIFY the moment the run ends; elsewhere it
+    polls every ``poll_interval`` seconds (default 0.2)."""
+    return get_engine().wait_for_run(run_id, timeout, poll_interval=poll_interval)
+
+
+async def await_run(
+    run_id: uuid.UUID | str, timeout: float, *, poll_interval: float | None = None
+) -> WorkflowRun:
+    """:func:`wait_for_run` for async code: waits in a worker thread (whose database
+    connections are closed when it is done), not on the event loop."""
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    def wait() -> WorkflowRun:
+        try:
+            return wait_for_run(run_id, timeout, poll_interval=poll_interval)
+        finally:
+            connections.close_all()
+
+    return await sync_to_async(wait, thread_sensitive=False)()

@@ -41,6 +41,8 @@ class EngineConfig:
     pass_error_tries: int = 3
     #: Whether a worker thread carries a run on from the step it settled to its next pass.
     carry_runs: bool = True
+    #: Whether passes are limited to runs of the versions this code carries.
+    carried_versions_only: bool = False
 
     @classmethod
     def from_settings(cls, **overrides: Any) -> EngineConfig:
@@ -63,6 +65,7 @@ class EngineConfig:
             "prepared_statements": bool(s.PREPARED_STATEMENTS),
             "pass_error_tries": int(s.PASS_ERROR_TRIES),
             "carry_runs": bool(s.CARRY_RUNS),
+            "carried_versions_only": bool(s.WORKFLOW_CARRIED_VERSIONS_ONLY),
         }
         values.update(overrides)
         return cls(**values)

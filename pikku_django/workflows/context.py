@@ -13,7 +13,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
-from pikku_django.workflows import registry
+from pikku_django.workflows import _published, _signals_in, _versions, registry
+from pikku_django.workflows._fanout import ParallelGroup, open_group
 from pikku_django.workflows._inline_steps import fresh
 from pikku_django.workflows._options import retry_delay_for
 from pikku_django.workflows._values import Pause, StepOptions
@@ -39,10 +40,17 @@ class WorkflowContext:
         self.run_id = recorder.run.id
         self.input = fresh(recorder.run.input)
         self._seen: defaultdict[str, int] = defaultdict(int)
+        #: Whether the run recorded ctx.patched markers (read once a pass, when needed).
+        self._patch_markers: bool | None = None
+        #: This pass's parallel groups: their new branches are stored at the next step.
+        self._groups: list[ParallelGroup] = []
 
     # -- naming -----------------------------------------------------------------
 
-    def _step_name(self, name: object, *, internal: bool = False) -> str:
+    def _step_name(self, name: object, *, internal: bool = False, branch: bool = False) -> str:
+        if not branch:
+            for group in self._groups:
+                group.flush()
         if not isinstance(name, str) or not name:
             raise WorkflowDefinitionError(f"A step name must be a non-empty str, got {name!r}")
         if "#" in name and not internal:
@@ -59,12 +67,15 @@ class WorkflowContext:
     def _existing(self, name: str, kind: str, function: str) -> WorkflowStep | None:
         step = self._recorder.recorded(name)
         if step is None:
+            _versions.check_no_unknown_patch(self, name)
             return None
         if step.kind != kind or (function and step.function and step.function != function):
+            _versions.check_no_unknown_patch(self, name)
             raise NonDeterministicWorkflowError(
                 f"Step {name!r} was recorded as {step.kind} {step.function!r} but the workflow "
                 f"now makes it {kind} {function!r}: a workflow must call the same steps, in "
-                f"the same order, on every replay"
+                f"the same order, on every replay. To change a workflow that has runs in "
+                f"flight, branch on ctx.patched('change-id')"
             )
         return step
 
@@ -179,6 +190,34 @@ class WorkflowContext:
             return fresh(step.result)
         self._recorder.suspend_at(step)
         raise Pause(None)
+
+    def wait_for_event(self, name: str, *, timeout: Duration | None = None) -> Any:
+        """Wait durably for the event ``name`` sent to this run (``send_event``): its
+        data, or :data:`~pikku_django.workflows.TIMED_OUT` once ``timeout`` passed.
+        An event sent before the wait is kept for it."""
+        return _signals_in.wait_for_event(self, name, timeout)
+
+    def set_event(self, name: str, value: Any) -> None:
+        """Publish ``value`` under ``name``: callers read it (``published_values``)
+        and the status stream carries it."""
+        _published.set_event(self, name, value)
+
+    def set_progress(self, value: Any) -> None:
+        """Publish ``value`` as the run's ``progress``."""
+        _published.set_event(self, _published.PROGRESS, value)
+
+    def patched(self, change_id: str) -> bool:
+        """True for a run that reaches this point under code with the change
+        ``change_id``, False for a run that was already past it under older code;
+        the same on every replay, so both paths replay."""
+        return _versions.patched(self, change_id)
+
+    def parallel(self, name: str = "parallel") -> ParallelGroup:
+        """A group of steps and child runs started without waiting for each:
+        ``group.do(...)`` starts a branch, ``group.join()`` waits for them all."""
+        group = open_group(self, name)
+        self._groups.append(group)
+        return group
 
     def now(self) -> datetime:
         """The engine clock's time (use a step for anything you need replayed identically)."""

@@ -35,9 +35,13 @@ from pikku_django.workflows._execution import Execution
 from pikku_django.workflows._inline import InlineDriver
 from pikku_django.workflows._inline_steps import InlineSteps
 from pikku_django.workflows._lifecycle import RunLifecycle
+from pikku_django.workflows._published import published_values
 from pikku_django.workflows._replay import Replay
 from pikku_django.workflows._run_options import resolve_run_options
+from pikku_django.workflows._run_waits import wait_for_run
 from pikku_django.workflows._runs import LEASE_TAKEN_RETRY, RunStates
+from pikku_django.workflows._sending import EventSender, RunRef
+from pikku_django.workflows._signals_in import SentEvent
 from pikku_django.workflows._values import (
     CarriedRun,
     ClaimedStep,
@@ -116,6 +120,7 @@ class WorkflowEngine:
         self._driver = InlineDriver(
             self._claims, self._execution, self.orchestrate, self.get_run, self.run_lease
         )
+        self._sender = EventSender(self._states, self._lifecycle, self.drive_inline)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -159,12 +164,7 @@ class WorkflowEngine:
         ``inline`` runs it to an end in this process first. ``priority``, ``queue``,
         ``start_at`` and ``delay`` override the workflow's defaults (see
         :func:`~pikku_django.workflows.start_workflow`)."""
-        definition = registry.get_workflow(workflow)
-        if definition is None:
-            raise WorkflowNotFoundError(
-                f"No workflow is registered as {workflow!r}. Registered: "
-                f"{', '.join(registry.workflow_names()) or 'none'}"
-            )
+        definition = self._definition(workflow)
         options = resolve_run_options(
             definition,
             self.clock.now(),
@@ -178,6 +178,16 @@ class WorkflowEngine:
             definition, input, idempotency_key=idempotency_key, inline=inline, options=options
         )
         return self.drive_inline(run.id) if inline and created else run
+
+    @staticmethod
+    def _definition(workflow: str | Callable[..., Any]) -> registry.WorkflowDefinition:
+        definition = registry.get_workflow(workflow)
+        if definition is None:
+            raise WorkflowNotFoundError(
+                f"No workflow is registered as {workflow!r}. Registered: "
+                f"{', '.join(registry.workflow_names()) or 'none'}"
+            )
+        return definition
 
     def create_runs(self, runs: Sequence[NewRun]) -> list[uuid.UUID]:
         """Create runs of registered workflows, due now (or after their workflow's
@@ -247,6 +257,45 @@ class WorkflowEngine:
         if run.inline:
             return self.drive_inline(run.id)
         return self.get_run(run.id)
+
+    # -- events, published values, waiting for a run ------------------------------------
+
+    def send_event(
+        self, run: RunRef, name: str, data: Any = None, *, event_id: str | None = None
+    ) -> SentEvent:
+        """Send the event ``name`` to a run (see :func:`~pikku_django.workflows.send_event`)."""
+        return self._sender.send(run, name, data, event_id)
+
+    def send_event_with_start(
+        self,
+        workflow: str | Callable[..., Any],
+        idempotency_key: str,
+        name: str,
+        data: Any = None,
+        *,
+        input: Any = None,
+        event_id: str | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+    ) -> SentEvent:
+        """Send an event to the run of ``idempotency_key``, starting it when none holds it."""
+        definition = self._definition(workflow)
+        options = resolve_run_options(definition, self.clock.now(), priority=priority, queue=queue)
+        return self._sender.send_with_start(
+            definition, idempotency_key, name, data, input=input, event_id=event_id, options=options
+        )
+
+    def published_values(self, run_id: uuid.UUID | str) -> dict[str, Any]:
+        """The values the run has published with ``ctx.set_event``, by name."""
+        return published_values(self.store, run_id)
+
+    def wait_for_run(
+        self, run_id: uuid.UUID | str, timeout: float, *, poll_interval: float | None = None
+    ) -> WorkflowRun:
+        """The run once it has ended; RunWaitTimeoutError after ``timeout`` seconds."""
+        return wait_for_run(
+            self.using, run_id, timeout, poll_interval, notifying=self.store.notifying
+        )
 
     # -- orchestration ----------------------------------------------------------
 

@@ -108,3 +108,18 @@ def serialize_error(exc: BaseException) -> dict[str, Any]:
     if isinstance(code, str):
         data["code"] = code
     return data
+
+
+class UnknownPatchError(NonDeterministicWorkflowError):
+    """The run took a ``ctx.patched`` branch this code does not have: another
+    worker, with the code that does, passes it."""
+
+
+class RunWaitTimeoutError(WorkflowError, TimeoutError):
+    """``wait_for_run`` gave up: the run had not ended within its timeout."""
+
+    def __init__(self, run_id: object, status: str, timeout: float) -> None:
+        super().__init__(f"Run {run_id} is still {status} after {timeout:g}s")
+        self.run_id = run_id
+        self.status = status
+        self.timeout = timeout

@@ -14,6 +14,7 @@ from typing import Any, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
+from pikku_django.workflows._version_ids import check_version, code_version
 from pikku_django.workflows.durations import Duration, parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,6 +47,16 @@ class WorkflowDefinition:
     schedule: str | None = None
     #: The time zone ``schedule`` is read in (None: PIKKU['SCHEDULE_TIMEZONE']).
     timezone: str | None = None
+    #: The version its new runs record: declared, or a hash of its code.
+    version: str = ""
+    #: Older versions whose runs this code also replays (a worker limited to the
+    #: versions it carries passes these too).
+    replays: tuple[str, ...] = ()
+
+    @property
+    def carried_versions(self) -> frozenset[str]:
+        """The versions of runs this code may pass: its own and those it replays."""
+        return frozenset((self.version, *self.replays))
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,8 @@ def workflow(
     delay: Duration | None = None,
     schedule: str | None = None,
     timezone: str | None = None,
+    version: str | None = None,
+    replays: tuple[str, ...] | list[str] = (),
 ) -> Callable[[F], F]: ...
 
 
@@ -128,6 +141,8 @@ def workflow(
     delay: Duration | None = None,
     schedule: str | None = None,
     timezone: str | None = None,
+    version: str | None = None,
+    replays: tuple[str, ...] | list[str] = (),
 ) -> Any:
     """Register ``fn(ctx, input)`` as a workflow, under ``name`` or its function name.
 
@@ -137,6 +152,9 @@ def workflow(
     first pass may be claimed) are its runs' defaults; ``start_workflow`` may
     override each. ``schedule`` (a cron expression, read in ``timezone``) starts a
     run on each tick, under the workflow's name as the schedule's name.
+    ``version`` is recorded on each new run (default: a hash of the function's
+    code); ``replays`` names older versions this code also replays (with
+    ``ctx.patched``), for workers limited to the versions they carry.
     """
     check_priority(priority)
     if queue is not None:
@@ -147,10 +165,22 @@ def workflow(
             raise ImproperlyConfigured(f"workflow {option}= must be a non-empty str, not {value!r}")
     if timezone is not None and schedule is None:
         raise ImproperlyConfigured("workflow timezone= is only meaningful with schedule=")
+    declared = None if version is None else check_version(version, "version")
+    older = tuple(check_version(v, "replays") for v in replays)
 
     def register(func: F) -> F:
         wf_name = _check_name(name or func.__name__, "workflow")
-        definition = WorkflowDefinition(wf_name, func, priority, queue, wait, schedule, timezone)
+        definition = WorkflowDefinition(
+            wf_name,
+            func,
+            priority,
+            queue,
+            wait,
+            schedule,
+            timezone,
+            declared or code_version(func),
+            older,
+        )
         _register(_workflows, wf_name, definition, "workflow")
         func.__pikku_workflow__ = wf_name  # type: ignore[attr-defined]
         return func

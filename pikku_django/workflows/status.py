@@ -28,6 +28,8 @@ class RunSnapshot:
     steps: tuple[tuple[str, str, int], ...]  # (name, status, attempt)
     output: Any = None
     error: Any = None
+    #: The values the run published (``ctx.set_event``), by name.
+    published: Any = None
 
     @property
     def terminal(self) -> bool:
@@ -38,7 +40,11 @@ class RunSnapshot:
         return self.status == RunStatus.SUSPENDED
 
     def changes_from(self, other: RunSnapshot | None) -> bool:
-        return other is None or (self.status, self.steps) != (other.status, other.steps)
+        return other is None or (self.status, self.steps, self.published) != (
+            other.status,
+            other.steps,
+            other.published,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -50,6 +56,8 @@ class RunSnapshot:
                 for name, status, attempt in self.steps
             ],
         }
+        if self.published:
+            data["published"] = self.published
         if self.suspended:
             data["reason"] = self.suspend_reason
         if self.terminal:
@@ -67,7 +75,7 @@ def snapshot(run_id: uuid.UUID | str, using: str) -> RunSnapshot | None:
     run = (
         WorkflowRun.objects.using(using)
         .filter(id=run_id)
-        .only("workflow", "status", "suspend_reason", "output", "error")
+        .only("workflow", "status", "suspend_reason", "output", "error", "published")
         .first()
     )
     if run is None:
@@ -86,6 +94,7 @@ def snapshot(run_id: uuid.UUID | str, using: str) -> RunSnapshot | None:
         steps=steps,
         output=run.output,
         error=run.error,
+        published=run.published,
     )
 
 

@@ -372,7 +372,15 @@ class OrmStore(WorkflowStore):
 
     # -- runs --------------------------------------------------------------------------
 
-    def finish_run(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool | None:
+    def finish_run(
+        self,
+        run_id: uuid.UUID,
+        status: str,
+        output: Any,
+        error: Any,
+        *,
+        wake_at: datetime | None = None,
+    ) -> bool | None:
         return None
 
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:

@@ -28,7 +28,9 @@ from pikku_django.models import (
     WorkflowStep,
 )
 from pikku_django.prepared import fetch, fetch_one
+from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._values import DueRun, NewStep, Settled, Wake
+from pikku_django.workflows.store._pg_finish import finish_run_sql
 from pikku_django.workflows.store.base import CHANNEL, NewRun, columns
 from pikku_django.workflows.store.orm import OrmStore, queue_lock_name
 
@@ -166,15 +168,6 @@ def _statements() -> dict[str, str]:
         # One statement per shape, so that a generic plan fits each.
         "ready_steps_exist": _ready_exists(""),
         "ready_steps_exist_on": _ready_exists(f" AND {s('queue')} = ANY(%s)"),
-        "finish_run": (
-            f"WITH p AS (SELECT EXISTS (SELECT 1 FROM {STEPS} WHERE {s('child_run')} = %s "
-            f"AND {s('status')} = %s) AS waiting), "
-            f"r AS (UPDATE {RUNS} SET {r('status')} = %s, {r('output')} = %s::jsonb, "
-            f"{r('error')} = %s::jsonb, {r('wake_at')} = NULL, {r('updated_at')} = %s "
-            f"WHERE {r('id')} = %s AND {r('status')} = %s AND NOT (SELECT waiting FROM p) "
-            f"RETURNING {r('id')}) "
-            f"SELECT EXISTS (SELECT 1 FROM r), (SELECT waiting FROM p)"
-        ),
         "insert_settled": (
             f"WITH s AS (INSERT INTO {STEPS} ({new_cols}) "
             f"SELECT {new_vals}, %s, %s::jsonb, %s::jsonb, 1, %s, NULL, %s, %s "
@@ -269,20 +262,40 @@ class PostgresStore(OrmStore):
             sql, params = self._sql("ready_steps_exist"), [now, now]
         return bool(fetch_one(self.using, sql, params)[0])
 
-    def finish_run(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool | None:
-        # Only a run no parent step waits on: a parent's step settles in the same
-        # transaction as its child's end, which the ORM path does.
+    def finish_run(
+        self,
+        run_id: uuid.UUID,
+        status: str,
+        output: Any,
+        error: Any,
+        *,
+        wake_at: datetime | None = None,
+    ) -> bool | None:
+        # A plain parent step settles in the same transaction as its child's end, which
+        # the ORM path does; parallel branches settle in this statement.
+        step_status, result, step_error = child_step_outcome(run_id, status, output, error)
+        failed = step_status == StepStatus.FAILED
+        now = timezone.now()
         params = [
             run_id,
-            StepStatus.RUNNING,
             status,
             _jsonb(output),
             _jsonb(error),
-            timezone.now(),
+            now,
             run_id,
-            RunStatus.RUNNING,
+            step_status,
+            _jsonb(result),
+            _jsonb(step_error),
+            failed,
+            now,
+            now,
+            now,
+            wake_at or now,
+            now,
+            failed,
+            CHANNEL,
         ]
-        changed, waiting = fetch_one(self.using, self._sql("finish_run"), params)
+        changed, waiting, _woken = fetch_one(self.using, finish_run_sql(), params)
         return None if waiting else bool(changed)
 
     @staticmethod
