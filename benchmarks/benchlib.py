@@ -29,9 +29,15 @@ class BenchError(RuntimeError):
     """A benchmark did not reach the state it waited for."""
 
 
+#: How many times :func:`wait_for` has asked its predicate so far: each of the
+#: benchmarks' predicates reads its database once (``--transactions`` takes them off).
+POLLS = {"count": 0}
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.02) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        POLLS["count"] += 1
         value = predicate()
         if value:
             return value
@@ -378,3 +384,23 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         return "  ".join(cells).rstrip()
 
     return "\n".join([line(header), "  ".join("-" * w for w in widths), *map(line, rows)])
+
+
+#: Seconds an idle PostgreSQL backend may keep its transaction counts before it reports
+#: them (PGSTAT_IDLE_INTERVAL is 10 s), and a margin.
+STATS_SETTLE = 11.0
+
+
+def server_transactions(url: str) -> int:
+    """Transactions committed and rolled back in the database so far, by the server's
+    statistics (one more, this read's own)."""
+    import psycopg
+
+    with psycopg.connect(autocommit=True, connect_timeout=5, **pg_params(url)) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+            "WHERE datname = current_database()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])

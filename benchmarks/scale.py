@@ -7,6 +7,8 @@ measured in the same run:
   completed runs (10 steps and attempts each, by SQL), then sleeping runs (a one-day
   ``ctx.sleep``), then failed runs; each against the empty-table figure (target 0.9);
 - a long run's time per step against a 10-step run's (target at most 1.5x);
+- runs of 10 registered (queued) steps started with ``inline=True`` against runs of 10
+  inline closures, in the caller's thread (target at least 0.5x), with SQL per run;
 - start-to-first-step latency of an idle worker, p50 and p95, on empty and loaded
   tables (target p50 under 10 ms);
 - the loaded figures again with Django's default ``CONN_MAX_AGE = 0``, against 60;
@@ -50,7 +52,7 @@ TABLES = ("pikku_step_attempt", "pikku_workflow_step", "pikku_workflow_run", "pi
 def sizes(args: argparse.Namespace) -> dict[str, int]:
     if args.quick:
         return dict(runs=20, completed=2_000, sleeping=1_000, failed=200, long1=100, long2=200,
-                    latency=15)  # fmt: skip
+                    latency=15, inline=10)  # fmt: skip
     f = args.scale
     long1, long2 = args.long or (max(int(1_000 * f), 20), max(int(2_000 * f), 40))
     return {
@@ -61,6 +63,7 @@ def sizes(args: argparse.Namespace) -> dict[str, int]:
         "long1": long1,
         "long2": long2,
         "latency": 100,
+        "inline": 100,
     }
 
 
@@ -129,6 +132,28 @@ class Bench:
             wait_for(lambda k=key: k in MARKS, 30, "the first step", every=0.0005)
             samples.append((MARKS[key] - t0) * 1000)
         return percentile(samples, 50), percentile(samples, 95)
+
+    def inline_runs(self, workflow: str, runs: int) -> tuple[float, float]:
+        """Runs of 10 steps started with ``inline=True`` in this thread, one after the
+        other: runs per second, and SQL statements per run."""
+        from django.db import connection
+
+        statements = 0
+
+        def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            nonlocal statements
+            statements += 1
+            return execute(sql, params, many, context)
+
+        for _ in range(3):  # warm-up
+            self.engine.start(workflow, {"steps": 10}, inline=True)
+        with connection.execute_wrapper(count):
+            t0 = time.perf_counter()
+            for _ in range(runs):
+                run = self.engine.start(workflow, {"steps": 10}, inline=True)
+                assert run.status == "completed", run.status
+            seconds = time.perf_counter() - t0
+        return runs / seconds, statements / runs
 
     def idle_transactions_per_second(self, seconds: float) -> float:
         from django.db import connection
@@ -248,6 +273,14 @@ def measure(bench: Bench, say: Callable[[str], None]) -> dict[str, Any]:
     from django.db import connections
 
     size, out = bench.size, {}
+    registered, reg_sql = bench.inline_runs("bench.queued", size["inline"])
+    closures, clo_sql = bench.inline_runs("bench.inline", size["inline"])
+    out["inline_registered_runs_per_s"] = figure(registered, closures, "runs/s", "ratio >= 0.5")
+    out["inline_registered_sql_per_run"] = figure(reg_sql, clo_sql, "statements", "information")
+    say(
+        f"inline runs of 10 steps: registered {registered:.1f} runs/s ({reg_sql:.0f} statements "
+        f"a run) against closures {closures:.1f} ({clo_sql:.0f}): {registered / closures:.2f}"
+    )
     bench.start_worker()
     empty = bench.steps_per_second()
     say(f"steps/s, empty tables: {empty:.0f}")

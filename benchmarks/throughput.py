@@ -106,6 +106,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--quick", action="store_true", help="small counts, one concurrency, one repeat")
     add("--profile", type=Path, metavar="DIR", help="py-spy a pikku worker afterwards, into DIR")
     add("--timeout", type=float, default=300.0, help="seconds per wait (300)")
+    add(
+        "--transactions",
+        action="store_true",
+        help="count server transactions per unit on PostgreSQL (about 25 s more a batch)",
+    )
     add("--child", choices=DATABASES, help=argparse.SUPPRESS)
     if parser.parse_known_args(argv)[0].quick:  # smaller defaults; options given still win
         parser.set_defaults(
@@ -139,6 +144,7 @@ def child_argv(args: argparse.Namespace, database: str) -> list[str]:
         *("--memory-steps", str(args.memory_steps), "--vacuum", args.vacuum),
         *("--conn-max-age", ",".join(map(str, args.conn_max_age))),
         *("--timeout", str(args.timeout)),
+        *(["--transactions"] if args.transactions else []),
     ]
     if args.profile:
         argv += ["--profile", str(args.profile)]

@@ -215,6 +215,17 @@ def render(results: dict[str, Any], targets: dict[str, Any], args: argparse.Name
                 else (f"{a['median']:.2f} ms", f"{b['median']:.2f} ms")
             )
             out.append(f"{p['pairing']}: {left} / {right} = {p['ratio']:.2f}x{verdict}")
+        if db.get("transactions_per_unit"):
+            trows = [
+                (_label(db, key), kind, f"{s['median']:.2f}")
+                for key, kinds in db["transactions_per_unit"].items()
+                for kind, s in kinds.items()
+            ]
+            out += [
+                "",
+                "server transactions per unit (run, chain or job), median over the sweep:",
+                format_table(("system", "kind", "transactions"), trows),
+            ]
         if db.get("latency"):
             lrows = []
             for key, lat in db["latency"].items():

@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    POLLS,
+    STATS_SETTLE,
     BenchError,
     Processes,
     ensure_database,
@@ -18,6 +21,7 @@ from benchlib import (
     pg_params,
     pg_server_settings,
     proc_memory_kb,
+    server_transactions,
     sqlite_settings,
     vacuum,
 )
@@ -170,14 +174,40 @@ def build_systems(database: str, procs: Processes, args: argparse.Namespace) -> 
     return systems
 
 
+#: Seconds an idle worker is watched for the transactions it makes while idle.
+IDLE_WATCH = 3.0
+
+
+def counted_batch(system: System, kind: Kind, units: int, steps: int) -> tuple[float, float]:
+    """A batch's steps per second, and its server transactions per unit: the database's
+    count across the batch once every backend has reported, less the benchmark's own
+    reads and what the idle workers made meanwhile (watched just before)."""
+    url = system.database_url()
+    time.sleep(STATS_SETTLE)  # what came before is reported
+    before_idle = server_transactions(url)
+    time.sleep(IDLE_WATCH)
+    before = server_transactions(url)
+    idle_rate = max(before - before_idle - 1, 0) / IDLE_WATCH
+    polls = POLLS["count"]
+    t0 = time.monotonic()
+    per_s = system.batch(kind, units, steps).per_s
+    polls = POLLS["count"] - polls + 3  # and the batch's start, end and commit-time reads
+    time.sleep(STATS_SETTLE)
+    after = server_transactions(url)
+    idle = idle_rate * (time.monotonic() - t0)
+    return per_s, max(after - before - 1 - polls - idle, 0) / units
+
+
 def measure_system(
     system: System,
     concurrency: int,
     args: argparse.Namespace,
     processes: int,
     latency: bool,
+    transactions: dict[Kind, float] | None = None,
 ) -> tuple[dict[Kind, float], Latency]:
-    """Start, warm up, measure each kind once, time ``--latency-runs`` units alone, stop."""
+    """Start, warm up, measure each kind once (with ``transactions``, count each one's
+    server transactions per unit into it), time ``--latency-runs`` units alone, stop."""
     system.start(concurrency, processes)
     out: dict[Kind, float] = {}
     lat = Latency()
@@ -188,7 +218,10 @@ def measure_system(
                 system.batch(kind, min(units, args.warmup * max(1, units // args.runs)), steps)
         for kind in system.kinds:
             units, steps = units_of(kind, args)
-            out[kind] = system.batch(kind, units, steps).per_s
+            if transactions is None:
+                out[kind] = system.batch(kind, units, steps).per_s
+            else:
+                out[kind], transactions[kind] = counted_batch(system, kind, units, steps)
         if latency and Kind.CHAIN in system.kinds:
             for _ in range(args.latency_runs):
                 lat.add(system.one(args.steps))
@@ -215,6 +248,8 @@ def run_database(
     runnable = [s for s in systems if s.unavailable() is None]
     values: dict[str, dict[str, dict[int, list[float]]]] = {s.key: {} for s in runnable}
     latencies: dict[str, Latency] = {s.key: Latency() for s in runnable}
+    counted: dict[str, dict[str, list[float]]] = {s.key: {} for s in runnable}
+    count = args.transactions and database == "postgres"
     for r, order in rotations(runnable, args.repeat):
         clear_pikku()
         clear_peers(runnable)
@@ -233,18 +268,29 @@ def run_database(
                     concurrency,
                     system.label,
                 )
+                tx: dict[Kind, float] | None = {} if count else None
                 per_s, lat = measure_system(
                     system,
                     concurrency,
                     args,
                     processes,
                     latency=concurrency == args.concurrency[0],
+                    transactions=tx,
                 )
                 for kind, value in per_s.items():
                     values[system.key].setdefault(kind.value, {}).setdefault(
                         concurrency, []
                     ).append(value)
-                    log.info("  %s: %.1f steps/s", kind.value, value)
+                    if tx is None:
+                        log.info("  %s: %.1f steps/s", kind.value, value)
+                        continue
+                    counted[system.key].setdefault(kind.value, []).append(tx[kind])
+                    log.info(
+                        "  %s: %.1f steps/s, %.1f server transactions a unit",
+                        kind.value,
+                        value,
+                        tx[kind],
+                    )
                 latencies[system.key].add(lat)
     for system in runnable:
         if isinstance(system, Dbos):
@@ -270,6 +316,11 @@ def run_database(
                 for kind, by_c in kinds.items()
             }
             for key, kinds in values.items()
+        },
+        "transactions_per_unit": {
+            key: {kind: Summary.of(v).as_json(2) for kind, v in kinds.items()}
+            for key, kinds in counted.items()
+            if kinds
         },
         "latency": {
             key: {

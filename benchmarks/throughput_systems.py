@@ -83,6 +83,10 @@ class System(abc.ABC):
         """Why this system cannot run here, or None."""
         return None
 
+    def database_url(self) -> str:
+        """The database its work runs in."""
+        return str(getattr(self, "url", None) or os.environ["PIKKU_BENCH_WORKFLOWS_URL"])
+
     def settings(self) -> dict[str, Any]:
         """How it is configured (for the report)."""
         return {}

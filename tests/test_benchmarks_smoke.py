@@ -243,3 +243,36 @@ def drop_mariadb(name: str) -> None:
         conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
     finally:
         conn.close()
+
+
+def test_transactions_are_counted_per_unit(
+    pg_names: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--transactions``: a batch's server transactions per unit, less the
+    benchmark's own reads (here a batch of 20 units that commits 3 a unit)."""
+    import psycopg
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import benchlib
+    import throughput_run
+    from throughput_systems import Batch, Kind
+
+    url = pg_names["PIKKU_BENCH_THROUGHPUT_URL"]
+    benchlib.ensure_database(url)
+    # Each connection below is closed at once, so its counts reach the server at once.
+    monkeypatch.setattr(throughput_run, "STATS_SETTLE", 1.0)
+    monkeypatch.setattr(throughput_run, "IDLE_WATCH", 0.5)
+
+    class Counted:
+        def database_url(self) -> str:
+            return url
+
+        def batch(self, kind: Kind, units: int, steps: int) -> Batch:
+            with psycopg.connect(**benchlib.pg_params(url), autocommit=True) as conn:
+                for _ in range(units * 3 + 3):  # and its start, end and commit-time reads
+                    conn.execute("SELECT 1")
+            return Batch(units, 1.0)
+
+    per_s, per_unit = throughput_run.counted_batch(Counted(), Kind.SINGLE, 20, 1)
+    assert per_s == 20.0
+    assert per_unit == pytest.approx(3.0, abs=0.3)

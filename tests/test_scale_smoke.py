@@ -31,6 +31,8 @@ FIGURES = {
     "cma0_latency_p95_loaded",
     "idle_tx_per_s_loaded",
     "prune_rows_per_s",
+    "inline_registered_runs_per_s",
+    "inline_registered_sql_per_run",
 }
 
 
@@ -70,6 +72,7 @@ def test_scale_quick_prints_every_figure_with_its_baseline() -> None:
         "long1",
         "long2",
         "latency",
+        "inline",
     }
     assert "server_version" in report["server"]
     assert set(report["figures"]) == FIGURES

@@ -16,7 +16,7 @@ from pikku_django.models import StepKind, StepStatus, WorkflowStep
 from pikku_django.workflows._rates import free_claims, record_claim
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._timeouts import capped_lease_ms, time_out_lapsed
-from pikku_django.workflows._values import ClaimedStep, default_worker_id
+from pikku_django.workflows._values import ClaimedStep, DueRun, default_worker_id
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.errors import (
     NonDeterministicWorkflowError,
@@ -161,12 +161,16 @@ class Claims:
 
     def due_runs(self, limit: int = 1) -> list[uuid.UUID]:
         """Runs that need a pass now; each is pushed back by the pass timeout meanwhile."""
+        return [due.run.id for due in self.due_run_rows(limit)]
+
+    def due_run_rows(self, limit: int = 1) -> list[DueRun]:
+        """:meth:`due_runs`, each run as its claim read it."""
         now = self.clock.now()
         config = self.config
         # A pass holds the run lease: once it lapsed (the worker died mid-pass) the
         # run may be passed again, whatever the pass timeout.
         timeout = min(config.run_pass_timeout, config.run_lease_ms / 1000 + 5)
-        return self.store.claim_due_runs(now, now + timedelta(seconds=timeout), limit)
+        return self.store.claim_due_run_rows(now, now + timedelta(seconds=timeout), limit)
 
     def due_steps(
         self, queues: Iterable[str] | None = None, limit: int = 1, worker: str = ""

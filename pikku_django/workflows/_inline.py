@@ -7,10 +7,17 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError
 from pikku_django.models import RunStatus, WorkflowRun
 from pikku_django.workflows._claims import Claims
 from pikku_django.workflows._execution import Execution
-from pikku_django.workflows._values import default_worker_id
+from pikku_django.workflows._values import (
+    CarriedRun,
+    StepClaimer,
+    StepOutcome,
+    Wake,
+    default_worker_id,
+)
 from pikku_django.workflows.logcontext import workflow_logger
 
 logger = workflow_logger(__name__)
@@ -23,8 +30,9 @@ class InlineDriver:
         self,
         claims: Claims,
         execution: Execution,
-        orchestrate: Callable[[uuid.UUID], Any],
+        orchestrate: Callable[..., Any],
         get_run: Callable[[uuid.UUID | str], WorkflowRun],
+        run_lease: Callable[[uuid.UUID], HeldLease],
     ) -> None:
         self.claims = claims
         self.execution = execution
@@ -32,6 +40,7 @@ class InlineDriver:
         self.clock = claims.clock
         self.orchestrate = orchestrate
         self.get_run = get_run
+        self.run_lease = run_lease
 
     def drive(self, run_id: uuid.UUID | str) -> WorkflowRun:
         """Run an inline run to an end (or suspension) in this process."""
@@ -39,7 +48,7 @@ class InlineDriver:
             run = self.get_run(run_id)
             if run.status != RunStatus.RUNNING:
                 return run
-            self.orchestrate(run.id)
+            self._carry(run.id)
             run = self.get_run(run_id)
             if run.status != RunStatus.RUNNING:
                 return run
@@ -50,6 +59,35 @@ class InlineDriver:
                 logger.warning("Inline run %s is waiting on work that is not due here", run.id)
                 return run
             self.clock.sleep(max(0.0, (due - self.clock.now()).total_seconds()))
+
+    def _carry(self, run_id: uuid.UUID) -> None:
+        """Pass a run under its lease, held from pass to pass, running each queued step
+        a pass claims and passing the run again after it, as a worker thread carries
+        a run; until a pass claims nothing (the run ended, parked, or waits)."""
+        try:
+            held = self.run_lease(run_id).__enter__()
+        except LeaseTakenError:
+            self.orchestrate(run_id)  # passed elsewhere: this pass wakes it again shortly
+            return
+        claimer = StepClaimer(default_worker_id(), inline=True)
+        carried: CarriedRun | None = None
+        try:
+            while True:
+                claimed = self.orchestrate(run_id, claimer=claimer, held=held, carried=carried)
+                if claimed is None:
+                    return
+                outcome = self.execution.execute_step(claimed, wake=Wake.PASS)
+                if outcome is StepOutcome.SUCCEEDED:
+                    carried = claimed.carried  # no other pass ran: the lease was kept
+                elif outcome is StepOutcome.FAILED:
+                    carried = None  # the pass after a failure reads the run again
+                else:
+                    return  # retrying, superseded, suspended or stopped: looked at again
+        finally:
+            try:
+                held.__exit__(None, None, None)
+            except LeaseLostError:
+                logger.info("Run lease %s had lapsed when it was given back", held.key)
 
     def _tree(self, run_id: uuid.UUID) -> list[uuid.UUID]:
         ids, frontier = [run_id], [run_id]
@@ -76,7 +114,7 @@ class InlineDriver:
             # must then wait for the next due time rather than pass it again.
             before = self._tree_state(tree)
             for child_id in children:
-                self.orchestrate(child_id)
+                self._carry(child_id)
             did = self._tree_state(tree) != before
         for step in self.store.ready_steps_of(tree, self.clock.now()):
             claimed = self.claims.decide(

@@ -19,11 +19,11 @@ def listen_for_work(
     engine: Any,
     stopping: threading.Event,
     intake_waiting: threading.Event,
-    wake_all: Callable[[], None],
+    wake: Callable[[], None],
     retry_after: float,
 ) -> None:
     """Until ``stopping``: on each notification on the workers' channel, call
-    ``wake_all`` (and set ``intake_waiting`` when an intake has work); reconnect
+    ``wake`` (and set ``intake_waiting`` when an intake has work); reconnect
     ``retry_after`` seconds after the connection fails."""
     template = connections[engine.using]
     payloads = {i.notify_payload for i in intakes() if i.notify_payload}
@@ -38,7 +38,7 @@ def listen_for_work(
                 for notice in raw.notifies(timeout=1.0, stop_after=1):
                     if notice.payload in payloads:
                         intake_waiting.set()
-                    wake_all()
+                    wake()
         except Exception:
             if stopping.is_set():
                 return

@@ -42,15 +42,34 @@ class StepRecorder:
         self.clock = inline.clock
         #: Set by a worker's pass: the queued step this pass reaches is claimed for
         #: that worker as it is stored, instead of waiting on the queue.
-        self.claimer = None if run.inline else claimer
+        self.claimer = claimer if claimer is None or claimer.inline == run.inline else None
         #: The queued step the pass stopped at, when the claimer takes it.
         self.claim_request: tuple[str, StepOptions, Any] | None = None
         #: Options of calls that name only a function, by function: a loop over one
         #: function resolves them once a pass.
         self._options: dict[Any, StepOptions] = {}
+        #: The run had no steps when it was claimed, and none has been read since:
+        #: see :meth:`recorded`.
+        self.unread = False
+        self._resolved: StepOptions | None = None
 
     def recorded(self, name: str) -> WorkflowStep | None:
+        """The step recorded under ``name``, or None. While the steps are unread, only
+        a queued step this pass's claimer takes (the options just resolved) may be
+        taken as new; anything else raises :class:`StepsUnread`."""
+        resolved, self._resolved = self._resolved, None
+        if self.unread and not (resolved is not None and self._claims(resolved)):
+            raise StepsUnread()
         return self.steps.get(name)
+
+    def _claims(self, options: StepOptions) -> bool:
+        """Whether this pass's claimer takes a new queued step with ``options``."""
+        return (
+            self.claimer is not None
+            and self.claimer.takes(options)
+            # A limited queue's steps are claimed where its limits are counted.
+            and not self.config.is_limited(options.queue)
+        )
 
     def remember(self, step: WorkflowStep) -> None:
         self.steps[step.name] = step
@@ -70,11 +89,20 @@ class StepRecorder:
         transactional: bool | None = None,
         timeout: Duration | None = None,
     ) -> StepOptions:
-        given = (retries, retry_delay, backoff, queued, queue, transactional, timeout)
-        plain = all(value is None for value in given)
+        # Spelt out: a replay of a long run asks this once per step it passes.
+        plain = (
+            retries is None
+            and retry_delay is None
+            and backoff is None
+            and queued is None
+            and queue is None
+            and transactional is None
+            and timeout is None
+        )
         if plain:
             with contextlib.suppress(KeyError, TypeError):  # not resolved yet, or not a key
-                return self._options[fn]
+                self._resolved = self._options[fn]
+                return self._resolved
         options = resolve_step_options(
             self.config,
             fn,
@@ -90,6 +118,7 @@ class StepRecorder:
         if plain:
             with contextlib.suppress(TypeError):
                 self._options[fn] = options
+        self._resolved = options
         return options
 
     # -- queued steps ----------------------------------------------------------------
@@ -100,15 +129,11 @@ class StepRecorder:
         """Store a new queued step: claimed by this pass's claimer (Pause), or scheduled
         (always, for a branch of a parallel ``group``: the pass goes on)."""
         payload = to_json(data, f"The input of step {name!r}")
-        if (
-            group is None
-            and self.claimer is not None
-            and self.claimer.takes(options)
-            # A limited queue's steps are claimed where its limits are counted.
-            and not self.config.is_limited(options.queue)
-        ):
+        if group is None and self._claims(options):
             self.claim_request = (name, options, payload)
             raise Pause(None)
+        if self.unread:
+            raise StepsUnread()
         missing = registry.get_step(options.function) is None
         step = self.inline.create(
             self.run,
@@ -219,3 +244,8 @@ class StepRecorder:
 def _version_of(workflow: str) -> str:
     definition = registry.get_workflow(workflow)
     return definition.version if definition is not None else ""
+
+
+class StepsUnread(BaseException):
+    """A pass that replayed against no steps reached one it cannot take as new
+    without reading the run's steps: the pass reads them and replays again."""

@@ -17,11 +17,12 @@ from pikku_django.workflows import registry
 from pikku_django.workflows._dberrors import is_transient
 from pikku_django.workflows._inline_steps import InlineSteps
 from pikku_django.workflows._memo import StepMemo
-from pikku_django.workflows._recorder import StepRecorder
+from pikku_django.workflows._recorder import StepRecorder, StepsUnread
 from pikku_django.workflows._timeouts import capped_lease_ms
 from pikku_django.workflows._values import (
     CarriedRun,
     ClaimedStep,
+    DueRun,
     NewStep,
     Pause,
     StepClaimer,
@@ -72,9 +73,10 @@ class Replay:
         claimer: StepClaimer | None,
         held: HeldLease | None,
         carried: CarriedRun | None,
+        due: DueRun | None = None,
     ) -> ClaimedStep | None:
         with log_context(run_id=str(run_id), step=None, attempt=None):
-            return self._orchestrate(run_id, claimer, held, carried)
+            return self._orchestrate(run_id, claimer, held, carried, due)
 
     def _orchestrate(
         self,
@@ -82,11 +84,17 @@ class Replay:
         claimer: StepClaimer | None,
         held: HeldLease | None,
         carried: CarriedRun | None,
+        due: DueRun | None,
     ) -> ClaimedStep | None:
         steps: dict[str, WorkflowStep] | None = None
+        unread = False
         if held is not None and carried is not None:
             run: WorkflowRun | None = carried.run
             steps = carried.steps
+        elif due is not None and due.run.id == run_id:
+            run = due.run  # read by the claim, before the lease as a read here would be
+            if due.stepless and claimer is not None:
+                steps, unread = {}, True
         else:
             run = self.store.runs().filter(id=run_id).order_by().first()
         if run is None or run.status != RunStatus.RUNNING:
@@ -99,10 +107,10 @@ class Replay:
             # its wake count), so the run read before the lease is enough.
             if held is None:
                 with self.run_lease(run.id):
-                    claimed = self._signalled_pass(run, claimer, steps)
+                    claimed = self._signalled_pass(run, claimer, steps, unread)
             else:
                 held.vouch()
-                claimed = self._signalled_pass(run, claimer, steps)
+                claimed = self._signalled_pass(run, claimer, steps, unread)
                 held.vouch()
             self._transient.pop(run.id, None)
         except DatabaseError as exc:
@@ -154,10 +162,16 @@ class Replay:
         run: WorkflowRun,
         claimer: StepClaimer | None,
         steps: dict[str, WorkflowStep] | None,
+        unread: bool = False,
     ) -> ClaimedStep | None:
         self.states.events.run_pass_started(run)
         try:
             with log_context(workflow=run.workflow):
+                if unread:
+                    try:
+                        return self._pass(run, claimer, steps, unread=True)
+                    except StepsUnread:
+                        steps = None  # reached something else first: read them, replay again
                 return self._pass(run, claimer, steps)
         finally:
             self.states.events.run_pass_finished(run)
@@ -167,6 +181,8 @@ class Replay:
         run: WorkflowRun,
         claimer: StepClaimer | None,
         steps: dict[str, WorkflowStep] | None,
+        *,
+        unread: bool = False,
     ) -> ClaimedStep | None:
         seen_wakes = run.wakes
         definition = registry.get_workflow(run.workflow)
@@ -183,6 +199,7 @@ class Replay:
         recorder = StepRecorder(
             run, steps, config=self._config(), inline=self.inline, claimer=claimer
         )
+        recorder.unread = unread
         # Kept only when the pass ends with the run parked or at a claimed step.
         self.memo.forget(run.id)
         ctx = WorkflowContext(recorder)
@@ -193,7 +210,8 @@ class Replay:
             if recorder.claim_request is not None and recorder.claimer is not None:
                 name, options, payload = recorder.claim_request
                 claimed = self._claim_new_step(recorder, seen_wakes, name, options, payload)
-                self.memo.keep(run.id, recorder.steps.values())
+                if claimed is not None or not unread:
+                    self.memo.keep(run.id, recorder.steps.values())
                 return claimed
             self.states.park(run, seen_wakes, pause.wake_at)
             self.memo.keep(run.id, recorder.steps.values())

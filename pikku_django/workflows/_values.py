@@ -196,6 +196,18 @@ class CarriedRun:
 
 
 @dataclass(frozen=True)
+class DueRun:
+    """A run claimed for a pass, as the claim read it (before the run lease, as any
+    pass reads its run)."""
+
+    run: WorkflowRun
+    #: Whether the run had no steps when it was claimed. Its pass then replays against
+    #: none, as long as what it reaches is a queued step it claims (whose insert
+    #: stores nothing if the step exists after all); anything else reads the steps.
+    stepless: bool = False
+
+
+@dataclass(frozen=True)
 class ClaimedStep:
     """A step this worker has claimed: its writes must carry ``attempt``."""
 
@@ -225,6 +237,8 @@ class StepClaimer:
     worker: str
     #: The queues the worker serves (all when empty).
     queues: tuple[str, ...] = ()
+    #: Whether it drives inline runs in their caller's process (no worker passes those).
+    inline: bool = False
 
     def takes(self, options: StepOptions) -> bool:
         return (

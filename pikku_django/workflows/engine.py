@@ -47,6 +47,7 @@ from pikku_django.workflows._signals_in import SentEvent
 from pikku_django.workflows._values import (
     CarriedRun,
     ClaimedStep,
+    DueRun,
     Settled,
     StepClaimer,
     StepOptions,
@@ -69,6 +70,7 @@ __all__ = [
     "LEASE_TAKEN_RETRY",
     "CarriedRun",
     "ClaimedStep",
+    "DueRun",
     "StepClaimer",
     "StepOptions",
     "StepOutcome",
@@ -117,7 +119,9 @@ class WorkflowEngine:
         self._execution = Execution(self._states, settings)
         self._inline_steps = InlineSteps(self._states, self._claims, self._execution)
         self._replay = Replay(self._inline_steps, settings, self.run_lease)
-        self._driver = InlineDriver(self._claims, self._execution, self.orchestrate, self.get_run)
+        self._driver = InlineDriver(
+            self._claims, self._execution, self.orchestrate, self.get_run, self.run_lease
+        )
         self._sender = EventSender(self._states, self._lifecycle, self.drive_inline)
         self._deadlines = RunDeadlines(self._states, self.cancel, self.drive_inline)
 
@@ -329,6 +333,7 @@ class WorkflowEngine:
         claimer: StepClaimer | None = None,
         held: HeldLease | None = None,
         carried: CarriedRun | None = None,
+        due: DueRun | None = None,
     ) -> ClaimedStep | None:
         """One orchestration pass over a run, holding the run's lease.
 
@@ -336,9 +341,10 @@ class WorkflowEngine:
         by that worker and returned, for it to execute next. ``held`` is the run's
         lease (from :meth:`run_lease`) when the caller holds it across several
         passes; otherwise the pass takes and releases it. ``carried`` (with
-        ``held``) is the run as the caller's previous pass left it.
+        ``held``) is the run as the caller's previous pass left it; ``due`` the run as
+        :meth:`claim_due_run_rows` read it, so the pass does not read it again.
         """
-        return self._replay.orchestrate(run_id, claimer, held, carried)
+        return self._replay.orchestrate(run_id, claimer, held, carried, due)
 
     def retry_pass_soon(self, run_id: uuid.UUID) -> None:
         """Wake a run a second from now: spends no retry budget."""
@@ -421,6 +427,10 @@ class WorkflowEngine:
     def claim_due_runs(self, limit: int = 1) -> list[uuid.UUID]:
         """Runs that need a pass now; each is pushed back by the pass timeout meanwhile."""
         return self._claims.due_runs(limit)
+
+    def claim_due_run_rows(self, limit: int = 1) -> list[DueRun]:
+        """:meth:`claim_due_runs`, each run as the claim read it (for :meth:`orchestrate`)."""
+        return self._claims.due_run_rows(limit)
 
     def claim_due_steps(
         self, queues: Iterable[str] | None = None, limit: int = 1, worker: str = ""

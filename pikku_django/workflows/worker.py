@@ -20,8 +20,9 @@ from pikku_django.models import RunStatus
 from pikku_django.workflows._aio import AsyncSteps, is_async_step
 from pikku_django.workflows._connections import release_connections
 from pikku_django.workflows._heartbeat import WorkerHeartbeats
+from pikku_django.workflows._idle import IdleThreads
 from pikku_django.workflows._listen import listen_for_work
-from pikku_django.workflows._values import StepOutcome, Wake
+from pikku_django.workflows._values import DueRun, StepOutcome, Wake
 from pikku_django.workflows.engine import CarriedRun, ClaimedStep, StepClaimer, WorkflowEngine
 from pikku_django.workflows.intake import intakes, seconds_until_due
 from pikku_django.workflows.logcontext import log_context, workflow_logger
@@ -91,7 +92,9 @@ class Worker:
             self.name, queues=self.queues, concurrency=concurrency, using=engine.using
         )
         self.stopping = threading.Event()
-        self._work = threading.Condition()
+        self._waits = IdleThreads()
+        #: Per thread: when it next looks for ready steps while runs keep it busy.
+        self._step_look = threading.local()
         self._idle: set[int] = set()
         self._in_flight: dict[int, ClaimedStep] = {}
         self._lock = threading.Lock()
@@ -262,8 +265,7 @@ class Worker:
     # -- the work loop -------------------------------------------------------------------
 
     def _wake_all(self) -> None:
-        with self._work:
-            self._work.notify_all()
+        self._waits.wake_all()
 
     def _loop(self, index: int) -> None:
         try:
@@ -271,7 +273,9 @@ class Worker:
                 with self._lock:
                     self._idle.discard(index)  # busy until this iteration finds nothing
                 try:
-                    done = self._start_waiting_runs() + self._one_unit()
+                    # Due work first: an intake's look once a poll interval must not
+                    # delay the run a notification woke this thread for.
+                    done = self._one_unit() + self._start_waiting_runs()
                 except Exception:
                     self.errors += 1
                     logger.exception("pikku_worker thread %d hit an error; continuing", index)
@@ -280,20 +284,19 @@ class Worker:
                 finally:
                     release_connections()
                 if done:
-                    self._wake_all()  # what this unit scheduled may be for another thread
+                    # There may be more: another thread looks too (and draws in the next).
+                    self._waits.wake_one()
                     continue
                 if self.until_idle and self._all_idle(index):
                     self.stop()
                     return
                 wait = self.poll_interval
-                try:
-                    wait = min(wait, self._seconds_until_next_due())
-                except Exception:
-                    logger.debug("Could not look up the next due time", exc_info=True)
-                with self._work:
-                    # Checked under the lock stop() notifies under: no lost wake-up.
-                    if not self.stopping.is_set():
-                        self._work.wait(max(wait, 0.005))
+                if self._waits.polls(index):
+                    try:
+                        wait = min(wait, self._seconds_until_next_due())
+                    except Exception:
+                        logger.debug("Could not look up the next due time", exc_info=True)
+                self._waits.wait(index, max(wait, 0.005), self.stopping)
         finally:
             connections.close_all()
 
@@ -324,15 +327,27 @@ class Worker:
         engine = self.engine
         claimer = StepClaimer(f"{self.name}:{threading.get_ident()}", tuple(self.queues))
         done = 0
-        for run_id in engine.claim_due_runs(1):
-            done += self._carry(run_id, claimer)
+        for due in engine.claim_due_run_rows(1):
+            done += self._carry(due.run.id, claimer, due=due)
         if self.stopping.is_set():
             return done
+        # A thread kept busy by due runs looks for ready steps once a chain's time,
+        # not after every run: the steps its passes reach it claims as it goes.
+        now = time.monotonic()
+        if done and now < getattr(self._step_look, "next", 0.0):
+            return done
+        self._step_look.next = now + CHAIN_SECONDS
         for claimed in engine.claim_due_steps(self.queues, 1, claimer.worker):
             done += self._carry(claimed.run_id, claimer, claimed)
         return done
 
-    def _carry(self, run_id: Any, claimer: StepClaimer, claimed: ClaimedStep | None = None) -> int:
+    def _carry(
+        self,
+        run_id: Any,
+        claimer: StepClaimer,
+        claimed: ClaimedStep | None = None,
+        due: DueRun | None = None,
+    ) -> int:
         """Carry a run on in this thread: a pass (unless ``claimed`` is given first),
         the step that pass claims, the pass after it, and so on, for up to
         CHAIN_SECONDS; how many passes and steps that was.
@@ -341,6 +356,7 @@ class Worker:
         claim is shorter than the run lease), so the passes in between cost no lease
         round trips. Past the time limit, or when stopping, the last step settles
         with the run woken for any worker, after the lease is given back.
+        ``due`` is the run as its claim read it, for the first pass.
         """
         done = 0
         # Carrying off: every step settles with its run woken for any worker.
@@ -382,8 +398,9 @@ class Worker:
                     claimer=None if self.stopping.is_set() else claimer,
                     held=held,
                     carried=carried,
+                    due=due,
                 )
-                owed, carried = False, None
+                owed, carried, due = False, None, None
                 self.passes += 1
                 done += 1
                 if claimed is None:
@@ -508,7 +525,11 @@ class Worker:
 
     def _listen(self) -> None:
         listen_for_work(
-            self.engine, self.stopping, self._intake_waiting, self._wake_all, self.poll_interval
+            self.engine,
+            self.stopping,
+            self._intake_waiting,
+            self._waits.wake_one,
+            self.poll_interval,
         )
 
 

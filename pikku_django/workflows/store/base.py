@@ -20,7 +20,7 @@ from django.db.models import QuerySet
 
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
 from pikku_django.workflows._run_options import RunOptions
-from pikku_django.workflows._values import NewStep, NextDue, Settled, Wake
+from pikku_django.workflows._values import DueRun, NewStep, NextDue, Settled, Wake
 from pikku_django.workflows.config import EngineConfig, engine_config
 
 #: The PostgreSQL channel that new work is announced on.
@@ -159,10 +159,15 @@ class WorkflowStore(abc.ABC):
 
     # -- finding work --------------------------------------------------------------------
 
-    @abc.abstractmethod
     def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID]:
         """Runs due at ``now`` (oldest due first, skipping locked ones), each pushed
         back to ``until`` while its pass runs."""
+        return [due.run.id for due in self.claim_due_run_rows(now, until, limit)]
+
+    @abc.abstractmethod
+    def claim_due_run_rows(self, now: datetime, until: datetime, limit: int) -> list[DueRun]:
+        """:meth:`claim_due_runs`, each run as the claim read and left it, and whether
+        it had steps (so that its pass need not read either again)."""
 
     @abc.abstractmethod
     def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:

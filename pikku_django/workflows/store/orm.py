@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, connections, transaction
-from django.db.models import Exists, F, Max, Min, OuterRef, Q, QuerySet
+from django.db.models import Exists, F, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from pikku_django.dbclock import EpochMs
@@ -25,7 +25,7 @@ from pikku_django.models import (
     WorkflowRun,
     WorkflowStep,
 )
-from pikku_django.workflows._values import NewStep, NextDue, Settled, Wake
+from pikku_django.workflows._values import DueRun, NewStep, NextDue, Settled, Wake
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.store.base import CHANNEL, NewRun, WorkflowStore
 
@@ -260,18 +260,21 @@ class OrmStore(WorkflowStore):
 
     # -- finding work --------------------------------------------------------------------
 
-    def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID]:
+    def claim_due_run_rows(self, now: datetime, until: datetime, limit: int) -> list[DueRun]:
+        stepped = Exists(self.steps().filter(run_id=OuterRef("id")))
         with self.claims_serialised(), self.atomic():
-            ids = list(
+            runs = list(
                 self.worker_runs()
                 .filter(wake_at__lte=now, key_waiting=False)
                 .order_by(*RUN_CLAIM_ORDER)
                 .select_for_update(skip_locked=True)
-                .values_list("id", flat=True)[:limit]
+                .annotate(stepped=stepped)[:limit]
             )
-            if ids:
-                self.runs().filter(id__in=ids).update(wake_at=until)
-        return ids
+            if runs:
+                self.runs().filter(id__in=[run.id for run in runs]).update(wake_at=until)
+        for run in runs:
+            run.wake_at = until
+        return [DueRun(run, stepless=not run.stepped) for run in runs]
 
     def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
         return True  # the claim's own query is as cheap here
@@ -314,16 +317,27 @@ class OrmStore(WorkflowStore):
         )
 
     def next_due(self, now: datetime, queues: Sequence[str]) -> NextDue:
-        steps = self._queued(queues)
-        lapse = steps.filter(status=StepStatus.RUNNING, lease_expires_at__gt=EpochMs()).aggregate(
-            at=Min("lease_expires_at"), now=Max(EpochMs())
+        # The three earliest times, each read in its index's order, in one statement.
+        steps = self._queued(queues).order_by()
+        firsts = [
+            steps.filter(status=StepStatus.RUNNING, lease_expires_at__gt=EpochMs())
+            .order_by("lease_expires_at")
+            .values("lease_expires_at")[:1],
+            steps.filter(waiting(now)).order_by("available_at").values("available_at")[:1],
+            self.worker_runs().filter(wake_at__gt=now).order_by("wake_at").values("wake_at")[:1],
+        ]
+        parts = [q.query.get_compiler(self.using).as_sql() for q in firsts]
+        parts.append(self.steps().query.get_compiler(self.using).compile(EpochMs()))
+        sql = "SELECT " + ", ".join(f"({part})" for part, _ in parts)
+        connection = connections[self.using]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [param for _, values in parts for param in values])
+            lapse, due, wake, store_now = cursor.fetchone()
+        return NextDue(
+            lapse_in_ms=None if lapse is None else int(lapse - store_now),
+            step_due=_read(WorkflowStep, "available_at", due, connection),
+            run_due=_read(WorkflowRun, "wake_at", wake, connection),
         )
-        due = steps.filter(waiting(now)).aggregate(at=Min("available_at"))["at"]
-        wake = self.worker_runs().filter(wake_at__gt=now).aggregate(at=Min("wake_at"))["at"]
-        lapse_in = None
-        if lapse["at"] is not None and lapse["now"] is not None:
-            lapse_in = int(lapse["at"] - lapse["now"])
-        return NextDue(lapse_in_ms=lapse_in, step_due=due, run_due=wake)
 
     def next_due_of(self, run_ids: Sequence[uuid.UUID]) -> datetime | None:
         found = (
@@ -459,3 +473,14 @@ __all__ = [
     "ready",
     "waiting",
 ]
+
+
+def _read(model: type[Any], name: str, value: Any, connection: Any) -> Any:
+    """``value`` of ``model``'s field ``name`` read by a plain cursor, converted as the
+    ORM converts it (SQLite hands datetimes back as text)."""
+    if value is None:
+        return None
+    col = model._meta.get_field(name).get_col(model._meta.db_table)
+    for convert in connection.ops.get_db_converters(col):
+        value = convert(value, col, connection)
+    return value

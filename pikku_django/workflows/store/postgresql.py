@@ -29,7 +29,7 @@ from pikku_django.models import (
 )
 from pikku_django.prepared import fetch, fetch_one
 from pikku_django.workflows._child_outcome import child_step_outcome
-from pikku_django.workflows._values import NewStep, Settled, Wake
+from pikku_django.workflows._values import DueRun, NewStep, Settled, Wake
 from pikku_django.workflows.store._pg_finish import finish_run_sql
 from pikku_django.workflows.store.base import CHANNEL, NewRun, columns
 from pikku_django.workflows.store.orm import OrmStore, queue_lock_name
@@ -120,6 +120,23 @@ def _ready_exists(queue: str) -> str:
     )
 
 
+def _all_columns(model: type[Any]) -> str:
+    """Every concrete column of ``model``, in the order of its fields (for ``from_db``)."""
+    return ", ".join(_q(str(f.column)) for f in model._meta.concrete_fields)
+
+
+def _from_db(using: str, model: type[Any], row: Sequence[Any]) -> Any:
+    """A model instance from a row of :func:`_all_columns`, its values converted as
+    the ORM converts them (JSON columns arrive as text)."""
+    connection = connections[using]
+    fields = model._meta.concrete_fields
+    values = [
+        f.from_db_value(v, None, connection) if hasattr(f, "from_db_value") else v
+        for f, v in zip(fields, row, strict=True)
+    ]
+    return model.from_db(using, [f.attname for f in fields], values)
+
+
 @functools.cache
 def _statements() -> dict[str, str]:
     """Each statement, built on first use."""
@@ -146,7 +163,8 @@ def _statements() -> dict[str, str]:
             f"SELECT {r('id')} FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
             f"AND NOT {r('inline')} AND NOT {r('key_waiting')} "
             f"AND {r('wake_at')} <= %s ORDER BY {r('priority')} DESC, {r('wake_at')} LIMIT %s "
-            f"FOR UPDATE SKIP LOCKED) RETURNING {r('id')}"
+            f"FOR UPDATE SKIP LOCKED) RETURNING {_all_columns(run)}, "
+            f"NOT EXISTS (SELECT 1 FROM {STEPS} WHERE {s('run_id')} = {RUNS}.{r('id')})"
         ),
         # One statement per shape, so that a generic plan fits each.
         "ready_steps_exist": _ready_exists(""),
@@ -222,9 +240,9 @@ class PostgresStore(OrmStore):
         with connections[self.using].cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
 
-    def claim_due_runs(self, now: datetime, until: datetime, limit: int) -> list[uuid.UUID]:
+    def claim_due_run_rows(self, now: datetime, until: datetime, limit: int) -> list[DueRun]:
         rows = fetch(self.using, self._sql("claim_due_runs"), [until, now, limit])
-        return [row[0] for row in rows]
+        return [DueRun(_from_db(self.using, WorkflowRun, row[:-1]), row[-1]) for row in rows]
 
     @contextlib.contextmanager
     def limited_claim(self, queues: Sequence[str]) -> Iterator[None]:

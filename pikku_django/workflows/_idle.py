@@ -1,0 +1,61 @@
+"""Where a worker's idle threads wait for work.
+
+One idle thread at a time, the poller, looks for work again on a timer (the poll
+interval, or sooner when something falls due); the others wait until they are told
+there is work. A thread that finds work wakes one more, so a burst of work draws
+in threads one by one instead of every idle thread querying the database at once.
+"""
+
+from __future__ import annotations
+
+import threading
+
+#: How long an idle thread that is not the poller waits at most before it looks
+#: anyway (the poller looks on every poll interval, so this is only a safety net).
+FOLLOWER_WAIT = 30.0
+
+
+class IdleThreads:
+    """The idle threads of one worker, and the one among them that polls."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._poller: int | None = None
+        #: A wake-up told that no waiting thread has taken yet: the next to wait takes it.
+        self._owed = 0
+
+    def polls(self, index: int) -> bool:
+        """Whether thread ``index`` is to poll when it next waits (no other thread does)."""
+        with self._cond:
+            if self._poller is None:
+                self._poller = index
+            return self._poller == index
+
+    def wait(self, index: int, timeout: float, stopping: threading.Event) -> None:
+        """Wait to be woken, or ``timeout`` seconds as the poller (else at most
+        :data:`FOLLOWER_WAIT`); return at once when stopping or a wake-up is owed."""
+        with self._cond:
+            if stopping.is_set():
+                return
+            if not self._take_owed():
+                poller = self._poller == index
+                if self._cond.wait(timeout if poller else FOLLOWER_WAIT):
+                    self._take_owed()
+            if self._poller == index:
+                self._poller = None  # looking now; another idle thread may take the role
+
+    def _take_owed(self) -> bool:
+        """Take the owed wake-up, if there is one (under the lock)."""
+        owed, self._owed = self._owed, 0
+        return owed > 0
+
+    def wake_one(self) -> None:
+        """There is work: wake one waiting thread (or the next one to wait)."""
+        with self._cond:
+            self._owed = 1
+            self._cond.notify(1)
+
+    def wake_all(self) -> None:
+        """Wake every waiting thread (to stop)."""
+        with self._cond:
+            self._cond.notify_all()
