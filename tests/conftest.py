@@ -59,6 +59,12 @@ def on_databases(*vendors: str, transaction: bool = True) -> pytest.MarkDecorato
     )
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings_xdist_suffix() -> None:
+    """No suffix: tests/settings.py already names each pytest-xdist worker's test
+    databases (``TEST_RUN_TAG``), and worker processes started by tests are given them."""
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _close_lease_connections(django_db_setup: None) -> Iterator[None]:
     # Test databases cannot be dropped while lease connections are open to them.
@@ -114,8 +120,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Under CI a skipped test is a failure: every backend must run."""
-    if not IN_CI:
+    """Under CI a skipped test is a failure: every backend must run.
+
+    Under pytest-xdist the controller judges, on the reports of every worker.
+    """
+    if not IN_CI or hasattr(session.config, "workerinput"):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = reporter.stats.get("skipped", []) if reporter else []
