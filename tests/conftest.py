@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -96,9 +97,25 @@ BACKEND_WORDS = {
 }
 
 
+#: What an id made from an object's default repr holds: it changes from process to process.
+UNSTABLE_ID = re.compile(r" (object )?at 0x[0-9a-f]+")
+
+
+def check_stable_ids(items: list[pytest.Item]) -> None:
+    """Refuse test ids that name an object's address: every pytest-xdist process must
+    collect the same ids, and a rerun must find the same test (give ``ids=`` instead)."""
+    unstable = [item.nodeid for item in items if UNSTABLE_ID.search(item.nodeid)]
+    if unstable:
+        raise pytest.UsageError(
+            "These test ids hold an object's address, which differs between processes; "
+            "give the parametrize call ids=: " + ", ".join(unstable[:5])
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """PIKKU_TEST_BACKENDS=sqlite,postgres runs only those backends' tests (and the
     backend-free ones); the others are deselected, not skipped."""
+    check_stable_ids(items)
     wanted = os.environ.get("PIKKU_TEST_BACKENDS", "").strip()
     if not wanted:
         return
