@@ -22,55 +22,48 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
-from unittest import mock
 
 import pytest
 
-from pikku_django.leases import (
-    Lease,
-    LeaseLostError,
-    LeaseService,
-    LeaseTakenError,
-    hold_lease,
+from pikku_django.leases import Lease, LeaseService
+from pikku_django.testing._lease_factories import (
+    DatabaseServiceFactory,
+    RedisServiceFactory,
+    unique_prefix,
+)
+from pikku_django.testing._lease_hold import HoldLeaseContract
+from pikku_django.testing._lease_support import (
+    BOUNDARY_TRIALS,
+    BOUNDARY_TTL,
+    HOUR,
+    LOOKALIKE_IDS,
+    LOOKALIKES,
+    RACERS,
+    RENEWED,
+    SHORT,
+    clock_ahead,
+    wait_ms,
 )
 
-HOUR = 60 * 60 * 1000
-#: A lease a test lets lapse; it must outlive a real database's round trips.
-SHORT = 500
-#: The lease hold_lease renews in tests.
-RENEWED = 1_000
-#: How many callers race for one key.
-RACERS = 20
-#: Names that differ only in case, a trailing space or an accent: never the same name.
-LOOKALIKES = [("worker-a", "WORKER-A"), ("h1", "h1 "), ("e", "\u00e9"), ("straße", "strasse")]
-LOOKALIKE_IDS = ["case", "trailing-space", "accent", "expansion"]
-#: A lease caught at its expiry, this many times per operation.
-BOUNDARY_TRIALS = 20
-BOUNDARY_TTL = 5
+__all__ = [
+    "HOUR",
+    "RENEWED",
+    "SHORT",
+    "DatabaseServiceFactory",
+    "HoldLeaseContract",
+    "LeaseServiceContract",
+    "RedisServiceFactory",
+    "SharedLeaseServiceContract",
+    "StoreClockLeaseContract",
+    "clock_ahead",
+    "unique_prefix",
+    "wait_ms",
+]
 
 
-def wait_ms(ms: float) -> None:
-    time.sleep(ms / 1000)
-
-
-@contextmanager
-def clock_ahead(ms: int) -> Iterator[None]:
-    """This process's wall clock, as every module reads it, runs ``ms`` fast."""
-    real = time.time
-
-    def skewed() -> float:
-        return real() + ms / 1000
-
-    with mock.patch("time.time", skewed):
-        yield
-
-
-class LeaseServiceContract:
+class LeaseServiceContract(HoldLeaseContract):
     """Every behaviour a lease service must show."""
 
     @pytest.fixture
@@ -333,85 +326,6 @@ class LeaseServiceContract:
         assert got is not None
         assert got.holder == winners[0].holder
 
-    # -- hold_lease ----------------------------------------------------------
-
-    def test_hold_lease_hands_body_its_lease_and_frees_key(
-        self, lease_service: LeaseService
-    ) -> None:
-        with hold_lease("stage", service=lease_service) as held:
-            seen = held.lease
-            assert lease_service.get("stage") == seen
-        assert seen.key == "stage"
-        assert lease_service.get("stage") is None
-
-    def test_hold_lease_refuses_taken_key(self, lease_service: LeaseService) -> None:
-        assert lease_service.acquire("stage", "a", HOUR) is not None
-        started = time.monotonic()
-        ran = False
-        with pytest.raises(LeaseTakenError), hold_lease("stage", service=lease_service):
-            ran = True
-        assert not ran
-        assert time.monotonic() - started < 5, "hold_lease waited for a taken key"
-        got = lease_service.get("stage")
-        assert got is not None
-        assert got.holder == "a"
-
-    def test_hold_lease_frees_key_when_body_raises(self, lease_service: LeaseService) -> None:
-        with pytest.raises(RuntimeError, match="boom"), hold_lease("stage", service=lease_service):
-            raise RuntimeError("boom")
-        assert lease_service.get("stage") is None
-
-    def test_hold_lease_refuses_to_vouch_for_body_that_outlived_lease(
-        self, lease_service: LeaseService
-    ) -> None:
-        with (
-            pytest.raises(LeaseLostError),
-            hold_lease("stage", service=lease_service, ttl_ms=RENEWED) as held,
-        ):
-            lease_service.release(held.lease)
-            assert lease_service.acquire("stage", "other", HOUR) is not None
-            wait_ms(RENEWED)
-        got = lease_service.get("stage")
-        assert got is not None
-        assert got.holder == "other"
-
-    def test_hold_lease_notices_loss_after_last_renewal(self, lease_service: LeaseService) -> None:
-        with pytest.raises(LeaseLostError), hold_lease("stage", service=lease_service) as held:
-            lease_service.release(held.lease)
-            assert lease_service.acquire("stage", "other", HOUR) is not None
-            # finished before any renewal ran
-        got = lease_service.get("stage")
-        assert got is not None
-        assert got.holder == "other"
-
-    def test_hold_lease_tells_body_once_lease_is_lost(self, lease_service: LeaseService) -> None:
-        told = False
-        with (
-            pytest.raises(LeaseLostError),
-            hold_lease("stage", service=lease_service, ttl_ms=RENEWED) as held,
-        ):
-            lease_service.release(held.lease)
-            assert lease_service.acquire("stage", "other", HOUR) is not None
-            told = held.lost.wait(5 * RENEWED / 1000)
-        assert told, "the body was never told its lease was gone"
-
-    def test_hold_lease_keeps_lease_alive_past_ttl(self, lease_service: LeaseService) -> None:
-        with hold_lease("stage", service=lease_service, ttl_ms=RENEWED) as held:
-            first = held.lease
-            wait_ms(2 * RENEWED)
-            got = lease_service.get("stage")
-            assert got is not None, "the lease lapsed mid-body"
-            assert got.token == first.token
-            assert not held.lost.is_set()
-        assert lease_service.get("stage") is None
-
-    def test_hold_lease_rejects_bad_ttl(self, lease_service: LeaseService) -> None:
-        with pytest.raises(ValueError, match="ttl_ms"):
-            hold_lease("stage", service=lease_service, ttl_ms=0)
-        with pytest.raises(ValueError, match="key"):
-            hold_lease("", service=lease_service)
-        assert lease_service.get("stage") is None
-
 
 def _acquire_in_child(
     factory: Callable[[], LeaseService],
@@ -512,42 +426,3 @@ class StoreClockLeaseContract:
             b = lease_service.acquire("stage", "b", HOUR)
         assert b is not None
         assert b.token == a.token + 1
-
-
-# -- factories for separate processes ------------------------------------------
-
-
-@dataclass(frozen=True)
-class DatabaseServiceFactory:
-    """Builds a database lease service on ``settings_dict`` in a fresh process."""
-
-    settings_dict: dict[str, Any] = field(hash=False)
-
-    def __call__(self) -> LeaseService:
-        from django.conf import settings
-
-        if not settings.configured:
-            settings.configure(DATABASES={"default": dict(self.settings_dict)}, USE_TZ=True)
-        from pikku_django.leases.database import DatabaseLeaseService
-
-        return DatabaseLeaseService("default")
-
-
-@dataclass(frozen=True)
-class RedisServiceFactory:
-    """Builds a redis lease service on ``url`` and ``prefix`` in a fresh process."""
-
-    url: str
-    prefix: str
-
-    def __call__(self) -> LeaseService:
-        import redis
-
-        from pikku_django.leases.redis import RedisLeaseService
-
-        return RedisLeaseService(client=redis.Redis.from_url(self.url), prefix=self.prefix)
-
-
-def unique_prefix() -> str:
-    """A Redis key prefix no other test uses."""
-    return f"pikku-test:{uuid.uuid4().hex}:"

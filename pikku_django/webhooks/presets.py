@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from pikku_django.webhooks._public_keys import (
+    HAS_CRYPTOGRAPHY,
+    load_public_key,
+    verify_public_key_signature,
+)
 from pikku_django.webhooks.signatures import (
     Headers,
     MalformedSignatureError,
@@ -20,15 +25,7 @@ from pikku_django.webhooks.signatures import (
     decode_signature,
     parse_timestamp,
 )
-from pikku_django.webhooks.verify import (
-    HAS_CRYPTOGRAPHY,
-    HMAC,
-    PublicKey,
-    Verifier,
-    hmac_matches,
-    load_public_key,
-    verify_public_key_signature,
-)
+from pikku_django.webhooks.verify import HMAC, PublicKey, Verifier, hmac_matches
 
 __all__ = [
     "Discord",
