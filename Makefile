@@ -66,10 +66,10 @@ typecheck: $(VENV)/.installed
 
 # The suites run in PYTEST_WORKERS pytest-xdist processes: the tests mostly wait on the
 # databases and on worker processes, so even two cores keep four busy. Each process has
-# its own test databases; tests marked xdist_group run in one process together
-# (--dist loadgroup). PYTEST_WORKERS=0 runs a suite in one process.
+# its own test databases, and runs whole test files (--dist loadfile), so a module's
+# fixtures are built once. PYTEST_WORKERS=0 runs a suite in one process.
 PYTEST_WORKERS ?= 4
-PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
 test-main: $(VENV)/.installed
 	$(VENV)/bin/python -c "import django, sys; print('Python', sys.version.split()[0], 'Django', django.__version__)"

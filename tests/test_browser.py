@@ -39,9 +39,6 @@ try:
 except ImportError:  # pragma: no cover - the skip below says what to install
     webdriver = None
 
-# One xdist process drives one Chromium for both browser modules.
-pytestmark = pytest.mark.xdist_group("browser")
-
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM_FLAGS = (

@@ -34,9 +34,6 @@ try:
 except ImportError:  # pragma: no cover - the driver fixture skips
     By = WebDriverWait = None
 
-# With tests/test_browser.py, in the one xdist process that runs Chromium.
-pytestmark = pytest.mark.xdist_group("browser")
-
 AA = 4.5
 RUNS = "admin:pikku_django_workflowrun_changelist"
 

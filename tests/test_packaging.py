@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-# One xdist process builds the module's wheel once for all its tests.
-pytestmark = [pytest.mark.once, pytest.mark.xdist_group("packaging")]
+pytestmark = pytest.mark.once
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
