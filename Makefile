@@ -64,13 +64,20 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
+# The suites run in PYTEST_WORKERS pytest-xdist processes: the tests mostly wait on the
+# databases and on worker processes, so even two cores keep four busy. Each process has
+# its own test databases, and runs whole test files (--dist loadfile), so a module's
+# fixtures are built once. PYTEST_WORKERS=0 runs a suite in one process.
+PYTEST_WORKERS ?= 4
+PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile
+
 test-main: $(VENV)/.installed
 	$(VENV)/bin/python -c "import django, sys; print('Python', sys.version.split()[0], 'Django', django.__version__)"
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PYTEST_XDIST)
 
 test-latest: $(VENV_LATEST)/.installed
 	$(VENV_LATEST)/bin/python -c "import django, sys; print('Python', sys.version.split()[0], 'Django', django.__version__)"
-	PIKKU_TEST_BACKENDS=sqlite,postgres $(VENV_LATEST)/bin/pytest -m "not once"
+	PIKKU_TEST_BACKENDS=sqlite,postgres $(VENV_LATEST)/bin/pytest $(PYTEST_XDIST) -m "not once"
 
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

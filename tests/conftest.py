@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -59,6 +60,12 @@ def on_databases(*vendors: str, transaction: bool = True) -> pytest.MarkDecorato
     )
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings_xdist_suffix() -> None:
+    """No suffix: tests/settings.py already names each pytest-xdist worker's test
+    databases (``TEST_RUN_TAG``), and worker processes started by tests are given them."""
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _close_lease_connections(django_db_setup: None) -> Iterator[None]:
     # Test databases cannot be dropped while lease connections are open to them.
@@ -90,9 +97,25 @@ BACKEND_WORDS = {
 }
 
 
+#: What an id made from an object's default repr holds: it changes from process to process.
+UNSTABLE_ID = re.compile(r" (object )?at 0x[0-9a-f]+")
+
+
+def check_stable_ids(items: list[pytest.Item]) -> None:
+    """Refuse test ids that name an object's address: every pytest-xdist process must
+    collect the same ids, and a rerun must find the same test (give ``ids=`` instead)."""
+    unstable = [item.nodeid for item in items if UNSTABLE_ID.search(item.nodeid)]
+    if unstable:
+        raise pytest.UsageError(
+            "These test ids hold an object's address, which differs between processes; "
+            "give the parametrize call ids=: " + ", ".join(unstable[:5])
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """PIKKU_TEST_BACKENDS=sqlite,postgres runs only those backends' tests (and the
     backend-free ones); the others are deselected, not skipped."""
+    check_stable_ids(items)
     wanted = os.environ.get("PIKKU_TEST_BACKENDS", "").strip()
     if not wanted:
         return
@@ -114,8 +137,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Under CI a skipped test is a failure: every backend must run."""
-    if not IN_CI:
+    """Under CI a skipped test is a failure: every backend must run.
+
+    Under pytest-xdist the controller judges, on the reports of every worker.
+    """
+    if not IN_CI or hasattr(session.config, "workerinput"):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = reporter.stats.get("skipped", []) if reporter else []

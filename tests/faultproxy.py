@@ -66,6 +66,9 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._links: set[_Link] = set()
         self._listener: socket.socket | None = None
+        #: While refusing: a socket bound to the port but not listening, so no other
+        #: process (a parallel test's proxy, an outgoing connection) takes the port.
+        self._holder: socket.socket | None = None
         self._accepting: threading.Thread | None = None
         self._closed = False
         self.port = port
@@ -81,6 +84,7 @@ class FaultProxy:
     def close(self) -> None:
         self._closed = True
         self._stop_listening()
+        self._release_port()
         self.cut()
 
     def __enter__(self) -> FaultProxy:
@@ -104,7 +108,10 @@ class FaultProxy:
             link.close()
 
     def refuse(self) -> None:
-        """Stop listening: new connections are refused, open ones go on."""
+        """Stop listening: new connections are refused, open ones go on. The port stays
+        reserved for :meth:`restore`."""
+        if self._listener is not None and self._holder is None:
+            self._holder = self._bound_socket()
         self._stop_listening()
 
     def outage(self) -> None:
@@ -131,11 +138,26 @@ class FaultProxy:
 
     # -- the proxy -------------------------------------------------------------------------
 
+    def _bound_socket(self) -> socket.socket:
+        """A socket bound to ``self.port`` (any free port while it is 0). SO_REUSEPORT
+        lets the listener and the socket that holds the port while refusing overlap,
+        so the port is never free in between."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", self.port))
+        return sock
+
+    def _release_port(self) -> None:
+        holder, self._holder = self._holder, None
+        if holder is not None:
+            holder.close()
+
     def _listen(self) -> None:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        listener = self._bound_socket()
         listener.listen(128)
+        self._release_port()
         self.port = listener.getsockname()[1]
         self._listener = listener
         self._accepting = threading.Thread(

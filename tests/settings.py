@@ -93,6 +93,12 @@ def _reachable(name: str, url: str, default_port: int) -> bool:
         return False
 
 
+#: What names this test process's databases: its pytest-xdist worker ("gw0", "gw1"...,
+#: or "main" without xdist) and its pid, so parallel workers and runs side by side
+#: (other checkouts, the two Django jobs) never share one. A process a test spawns
+#: inherits the worker id and is given its test's database names explicitly.
+TEST_RUN_TAG = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_{os.getpid()}"
+
 # A file, not memory: lease connections and worker processes share it.
 _sqlite_dir = Path(os.environ.get("PIKKU_TEST_SQLITE_DIR", tempfile.gettempdir()))
 DATABASES = {
@@ -104,18 +110,17 @@ DATABASES = {
             "init_command": "PRAGMA journal_mode=WAL;",
             "transaction_mode": "IMMEDIATE",
         },
-        "TEST": {"NAME": str(_sqlite_dir / f"pikku_tests_{os.getpid()}.sqlite3")},
+        "TEST": {"NAME": str(_sqlite_dir / f"pikku_tests_{TEST_RUN_TAG}.sqlite3")},
     }
 }
 if _reachable("postgres", SERVICE_URLS["postgres"], 5432):
     DATABASES["postgres"] = dj_database_url.parse(SERVICE_URLS["postgres"])
-    # One test database per test process, so runs side by side never collide.
-    DATABASES["postgres"]["TEST"] = {"NAME": f"test_pikku_{os.getpid()}"}
+    DATABASES["postgres"]["TEST"] = {"NAME": f"test_pikku_{TEST_RUN_TAG}"}
 if _reachable("mariadb", SERVICE_URLS["mariadb"], 3306):
     DATABASES["mariadb"] = dj_database_url.parse(SERVICE_URLS["mariadb"])
     DATABASES["mariadb"]["OPTIONS"] = {"charset": "utf8mb4"}
     DATABASES["mariadb"]["TEST"] = {
-        "NAME": f"test_pikku_{os.getpid()}",
+        "NAME": f"test_pikku_{TEST_RUN_TAG}",
         "CHARSET": "utf8mb4",
         "COLLATION": "utf8mb4_bin",
     }

@@ -44,7 +44,8 @@ def test_order_workflow_finishes_under_pikku_worker(tmp_path: Path) -> None:
         ["migrate", "--no-input", "-v", "0"],
         ["place_order", "7", "500"],
         ["place_order", "7", "500"],  # the same order again: the same run
-        ["pikku_worker", "--until-idle", "--poll-interval", "0.2"],
+        # An idle grace longer than the order's 2 s pause, not the default 10 s.
+        ["pikku_worker", "--until-idle", "--poll-interval", "0.2", "--idle-grace", "3"],
     ):
         done = run(args, env)
         assert done.returncode == 0, done.stdout + done.stderr

@@ -96,6 +96,15 @@ def test_outage_refuses_until_restored_on_the_same_port(proxy: FaultProxy) -> No
         assert roundtrip(sock) == b"ping"
 
 
+def test_outage_keeps_the_port_from_other_processes(proxy: FaultProxy) -> None:
+    proxy.outage()
+    with socket.socket() as other, pytest.raises(OSError, match="in use"):
+        other.bind(("127.0.0.1", proxy.port))
+    proxy.restore()
+    with connect(proxy) as sock:
+        assert roundtrip(sock) == b"ping"
+
+
 def test_stall_holds_everything_until_restored(proxy: FaultProxy) -> None:
     with connect(proxy, timeout=0.5) as sock:
         assert roundtrip(sock) == b"ping"

@@ -578,7 +578,9 @@ CURVES = [
 ]
 
 
-@pytest.mark.parametrize(("algorithm", "curve", "digest", "size"), CURVES, ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    ("algorithm", "curve", "digest", "size"), CURVES, ids=[curve[0] for curve in CURVES]
+)
 def test_ecdsa_round_trip(
     algorithm: Any, curve: ec.EllipticCurve, digest: hashes.HashAlgorithm, size: int
 ) -> None:

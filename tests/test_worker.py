@@ -16,9 +16,17 @@ from django.core.management import call_command
 from django.db import connections
 
 from pikku_django.leases.database import close_database_lease_connections
-from pikku_django.models import RunStatus, StepStatus, WebhookReceipt, WorkflowRun, WorkflowStep
+from pikku_django.models import (
+    Lease,
+    RunStatus,
+    StepStatus,
+    WebhookReceipt,
+    WorkflowRun,
+    WorkflowStep,
+)
 from pikku_django.webhooks.sql import NewEvent, store_event
 from pikku_django.workflows import WorkflowEngine
+from pikku_django.workflows.store.base import CHANNEL
 from pikku_django.workflows.worker import Worker
 from tests.conftest import database_alias, on_databases
 from tests.testapp.models import Effect
@@ -70,6 +78,17 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
+def listening(alias: str) -> bool:
+    """Whether a session on ``alias``'s database LISTENs for new work."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query = %s",
+            [f"LISTEN {CHANNEL}"],
+        )
+        return int(cursor.fetchone()[0]) > 0
+
+
 @on(*ALL)
 def test_worker_process_runs_every_step_once(vendor: str) -> None:
     alias = database_alias(vendor)
@@ -106,7 +125,8 @@ def test_sigterm_finishes_the_step_in_flight_and_exits_0(vendor: str, tmp_path: 
 def test_sqlite_allows_one_worker_process(vendor: str) -> None:
     first = worker_process("default")
     try:
-        time.sleep(3)  # let it take the worker lease
+        held = Lease.objects.using("default").filter(key__startswith="pikku-worker:sqlite:")
+        wait_for(held.exists, 60, "the first worker to take the worker lease")
         second = worker_process("default", "--until-idle")
         code, out = finish(second, 60)
         assert code != 0
@@ -122,7 +142,8 @@ def test_notification_wakes_an_idle_worker_before_its_poll(vendor: str) -> None:
     alias = database_alias(vendor)
     proc = worker_process(alias, PIKKU_TEST_POLL="60")
     try:
-        time.sleep(3)  # idle, listening
+        wait_for(lambda: listening(alias), 60, "the worker to LISTEN")
+        time.sleep(1)  # its threads past their first look for work: idle, listening
         run = WorkflowEngine(alias).start("testapp.three_records", {"db": alias, "run": "n"})
         wait_for(
             lambda: WorkflowRun.objects.using(alias).get(id=run.id).status == RunStatus.COMPLETED,
@@ -193,7 +214,8 @@ def test_a_stored_webhook_event_wakes_an_idle_worker_before_its_poll(vendor: str
     alias = database_alias(vendor)
     proc = worker_process(alias, PIKKU_TEST_POLL="60")
     try:
-        time.sleep(3)  # idle, listening; it looked for waiting events when it started
+        wait_for(lambda: listening(alias), 60, "the worker to LISTEN")
+        time.sleep(1)  # idle, listening; it looked for waiting events when it started
         stored_event(alias, "notified")
 
         def finished() -> bool:
