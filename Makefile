@@ -111,6 +111,8 @@ bench-quick: $(VENV)/.bench-installed
 	$(VENV)/bin/python benchmarks/leases.py --quick
 	$(VENV)/bin/python benchmarks/webhooks.py --quick
 	$(VENV)/bin/python benchmarks/throughput.py --quick
+	$(VENV)/bin/python benchmarks/fanout.py --quick
+	$(VENV)/bin/python benchmarks/cron.py --quick
 
 clean:
 	rm -rf $(VENV) $(VENV_LATEST) .pytest_cache .ruff_cache .hypothesis site

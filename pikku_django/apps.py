@@ -21,10 +21,13 @@ class PikkuConfig(AppConfig):
         from pikku_django.webhooks import dispatch
         from pikku_django.webhooks.lifecycle import sync_after_migrate
         from pikku_django.webhooks.sources import autodiscover as discover_sources
+        from pikku_django.workflows import _admission, _deadline_intake
         from pikku_django.workflows.registry import autodiscover as discover_workflows
 
         dispatch.register()  # stored webhook events start their runs on workers
         schedule_intake.register()  # and so do the due ticks of cron schedules
+        _admission.register()  # runs waiting for their concurrency key get their slots
+        _deadline_intake.register()  # workers also time out runs and suspensions
         discover_workflows()
         discover_sources()
         post_migrate.connect(sync_after_migrate, sender=self)

@@ -209,6 +209,15 @@ def check_workflow_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                     id="pikku_django.E014",
                 )
             )
+    limit = pikku_settings.ASYNC_CONCURRENCY
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        messages.append(
+            checks.Error(
+                f"PIKKU['ASYNC_CONCURRENCY'] must be an int of 1 or more, not {limit!r}.",
+                hint="It is how many async def steps one pikku_worker process runs at once.",
+                id="pikku_django.E018",
+            )
+        )
     return messages
 
 
@@ -239,17 +248,6 @@ def check_queue_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.
                 id="pikku_django.W011",
             )
         )
-    if not messages:
-        rated = sorted(q.name for q in parse_queues(pikku_settings.QUEUES).values() if q.rate)
-        if rated:
-            messages.append(
-                checks.Warning(
-                    f"PIKKU['QUEUES'] gives a rate to {', '.join(map(repr, rated))}: rate "
-                    "limits are validated but not enforced yet.",
-                    hint="Use concurrency to bound a queue meanwhile.",
-                    id="pikku_django.W012",
-                )
-            )
     return messages
 
 

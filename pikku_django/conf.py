@@ -77,6 +77,13 @@ DEFAULTS: dict[str, Any] = {
     # pass itself (under the run lease it kept), instead of queueing the run for
     # any worker. Off: every pass is claimed from the runs table.
     "CARRY_RUNS": True,
+    # pikku_worker: how many async def steps one worker process runs at once on its
+    # event loop (they wait on I/O without holding a thread each).
+    "ASYNC_CONCURRENCY": 100,
+    # pikku_worker passes only runs that started under a version its code carries
+    # (the workflow's own version, or one named in @workflow(replays=...)); other
+    # runs are left to the workers that carry them. Off: every worker passes every run.
+    "WORKFLOW_CARRIED_VERSIONS_ONLY": False,
     # Fernet keys that encrypt stored credentials (webhook secrets): the first
     # encrypts, all decrypt. Empty: one key derived from SECRET_KEY.
     "CREDENTIAL_KEYS": [],

@@ -17,6 +17,7 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from pikku_django.workflows._deadlines import overdue_runs, timed_out_suspensions
 from pikku_django.workflows.store.postgresql import PostgresStore, _statements
 from tests.conftest import database_alias, db_mark
 
@@ -131,6 +132,8 @@ def _orm_statements(alias: str, store: PostgresStore, now: Any) -> list[tuple[st
         "next_due": lambda: store.next_due(now, []),
         "stalled_runs": lambda: store.stalled_runs(now - timedelta(seconds=300), 500),
         "work_pending": lambda: store.work_pending(now, []),
+        "overdue_runs": lambda: overdue_runs(store, now, 100),
+        "timed_out_suspensions": lambda: timed_out_suspensions(store, now, 100),
     }
     for name, call in calls.items():
         with CaptureQueriesContext(connections[alias]) as captured, store.atomic():
@@ -174,4 +177,72 @@ def test_the_workers_scheduled_queries_use_indexes_on_a_million_steps(
         problems += _check(name, "custom", plan)
     assert ("ready_steps_exist", "generic") in seen
     assert any(name.startswith("stalled_runs") for name, _ in seen)
+    assert any(name.startswith("overdue_runs") for name, _ in seen)
+    assert problems == [], "\n".join(problems)
+
+
+def _load_limits(alias: str) -> None:
+    """Runs with concurrency keys (most ended, some waiting) and rated queues' claims."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO pikku_workflow_run (id, workflow, status, input, output, error,
+                suspend_reason, inline, idempotency_key, wake_at, wakes, pass_errors,
+                concurrency_key, concurrency_limit, key_waiting, created_at, updated_at)
+            SELECT gen_random_uuid(), 'bulk',
+                CASE WHEN g <= %s THEN 'running' ELSE 'completed' END,
+                NULL, NULL, NULL, '', false, NULL, NULL, 0, 0,
+                CASE WHEN g %% 3 = 0 THEN 'customer-' || (g %% 5000) END, 1,
+                g <= %s AND g %% 3 = 0,
+                now() - interval '2 days', now() - interval '1 day'
+            FROM generate_series(1, %s) g
+            """,
+            [3_000, 3_000, RUNS],
+        )
+        cursor.execute(
+            """
+            INSERT INTO pikku_queue_claim (queue, claimed_ms)
+            SELECT 'q' || (g %% 50), floor(extract(epoch FROM now()) * 1000)::bigint - g
+            FROM generate_series(1, %s) g
+            """,
+            [RUNS],
+        )
+        cursor.execute("ANALYZE pikku_workflow_run")
+        cursor.execute("ANALYZE pikku_queue_claim")
+
+
+@pytest.mark.parametrize("vendor", [pytest.param("postgres", marks=db_mark("postgres"))])
+def test_the_limits_queries_use_indexes(vendor: str, alias: str) -> None:
+    from pikku_django.workflows import _admission, _rates
+    from pikku_django.workflows.queues import Rate
+
+    _load_limits(alias)
+    store = PostgresStore(alias)
+    now = timezone.now()
+    rate = Rate(100, 60)
+    calls = {
+        "waiting_exists": lambda: _admission.waiting_runs(store, now).exists(),
+        "waiting_keys": lambda: _admission._keys(store, 100, now),
+        "key_head": lambda: _admission._head(store, "customer-3", 5, now),
+        "key_in_progress": lambda: _admission.key_state(store, "customer-3", 1),
+        "rate_free": lambda: _rates.free_claims(store, "q7", rate),
+        "rate_prune": lambda: _rates.prune_claims(store, "q7", rate),
+        "rate_recent": lambda: _rates.recent_claims(store, "q7", rate),
+    }
+    problems: list[str] = []
+    seen = set()
+    for name, call in calls.items():
+        with CaptureQueriesContext(connections[alias]) as captured, store.atomic():
+            call()
+        for n, query in enumerate(q["sql"] for q in captured.captured_queries):
+            if query.startswith(("SAVEPOINT", "RELEASE", "BEGIN", "COMMIT")):
+                continue
+            seen.add(name)
+            with connections[alias].cursor() as cursor:
+                cursor.execute("EXPLAIN (FORMAT JSON) " + query.replace("%", "%%"))
+                plan = _json(cursor.fetchone()[0])
+            for node in _nodes(plan):
+                if node["Node Type"] == "Seq Scan":
+                    problems.append(f"{name}#{n} scans {node.get('Relation Name')}")
+    assert seen == set(calls)
     assert problems == [], "\n".join(problems)

@@ -39,6 +39,9 @@ def ids(messages: list[checks.CheckMessage]) -> list[str]:
         ({"QUEUE_LEASE_MS": ["reports"]}, ["pikku_django.E013"]),
         ({"STEP_LEASE_MS": 0}, ["pikku_django.E014"]),
         ({"QUEUE_LEASE_MS": {"reports": "5s"}}, ["pikku_django.E014"]),
+        ({"ASYNC_CONCURRENCY": 0}, ["pikku_django.E018"]),
+        ({"ASYNC_CONCURRENCY": "many"}, ["pikku_django.E018"]),
+        ({"ASYNC_CONCURRENCY": 500}, []),
     ],
 )
 def test_workflow_settings_check(settings: Any, pikku: dict, expected: list[str]) -> None:

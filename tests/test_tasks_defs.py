@@ -103,3 +103,17 @@ def block_until_killed(started: str, alias: str, tag: str) -> int:
         path.write_text(str(os.getpid()))
         time.sleep(300)
     return os.getpid()
+
+
+@task()
+async def where_awaited(seconds: float = 0) -> dict[str, Any]:
+    """Awaits ``seconds``; answers the thread and process it was awaited in."""
+    import asyncio
+    import threading
+
+    await asyncio.sleep(seconds)
+    return {"thread": threading.current_thread().name, "pid": os.getpid()}
+
+
+async def not_yet_a_task() -> None:
+    """Made a task by tests/test_tasks_async.py, with options the backend refuses."""

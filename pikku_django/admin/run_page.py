@@ -18,8 +18,9 @@ from pikku_django.admin.formatting import (
     without_traceback,
     workflow_title,
 )
+from pikku_django.admin.parallel_lanes import ParallelLanes, parallel_lanes
 from pikku_django.dbclock import store_now_ms
-from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.models import StepAttempt, StepKind, WorkflowRun, WorkflowStep
 
 #: How far the tree reaches: ancestors walked up, and runs shown in all.
 TREE_DEPTH = 25
@@ -71,6 +72,8 @@ class TimelineEntry:
     error_json: str | None
     error_traceback: str
     child_link: SafeString | None
+    #: A parallel group's branches, side by side (they are not entries of their own).
+    lanes: ParallelLanes | None = None
 
 
 def attempt_entry(attempt: StepAttempt) -> AttemptEntry:
@@ -104,8 +107,14 @@ def build_timeline(run: WorkflowRun, using: str) -> list[TimelineEntry]:
         .order_by("id")
     )
     now = store_now_ms(using) if any(s.lease_expires_at is not None for s in steps) else None
+    branches: dict[int, list[WorkflowStep]] = {}
+    for step in steps:
+        if step.group_id is not None:
+            branches.setdefault(step.group_id, []).append(step)
     entries = []
     for step in steps:
+        if step.group_id is not None:
+            continue
         left = lease_left_ms(step, now)
         entries.append(
             TimelineEntry(
@@ -128,9 +137,16 @@ def build_timeline(run: WorkflowRun, using: str) -> list[TimelineEntry]:
                 else pretty_json(without_traceback(step.error)),
                 error_traceback=error_part(step.error, "traceback"),
                 child_link=child_link(step.child_run) if step.child_run is not None else None,
+                lanes=parallel_lanes(branches.get(step.pk, []), _branch_link)
+                if step.kind == StepKind.PARALLEL
+                else None,
             )
         )
     return entries
+
+
+def _branch_link(step: WorkflowStep) -> SafeString | None:
+    return child_link(step.child_run) if step.child_run is not None else None
 
 
 # -- the tree of parent and child runs --------------------------------------------------

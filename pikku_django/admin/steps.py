@@ -130,6 +130,7 @@ class WorkflowStepAdmin(ReadOnlyAdminMixin, WorkflowDatabaseMixin, admin.ModelAd
         "transactional",
         "retry_delay",
         "backoff",
+        "timeout",
         "available",
         "lease_left",
         "child_run_link",

@@ -56,6 +56,8 @@ from pikku_django.admin.formatting import (
     workflow_title,
 )
 from pikku_django.admin.queries import queues, run_duration, search_filter, with_list_columns
+from pikku_django.admin.queues_page import QueuesPageMixin
+from pikku_django.admin.run_events import events_table, published_block
 from pikku_django.admin.run_page import build_timeline, tree_html
 from pikku_django.admin.steering import OPERATIONS, Operation, RunSteeringMixin, log_operation
 from pikku_django.admin.steps import (
@@ -191,7 +193,9 @@ class QueueFilter(admin.SimpleListFilter):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, admin.ModelAdmin):
+class WorkflowRunAdmin(
+    QueuesPageMixin, DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, admin.ModelAdmin
+):
     """Runs, read-only, with their step timeline and tree; steered by buttons and actions."""
 
     list_display = (
@@ -204,12 +208,19 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
         "attempts",
         "reason",
         "parent",
+        "queue_name",
+        "priority",
+        "key",
+        "start_at",
     )
     list_display_links = ("short_id",)
     list_filter = (
         "status",
         ("workflow", admin.AllValuesFieldListFilter),
         QueueFilter,
+        "priority",
+        "key_waiting",
+        ("concurrency_key", admin.EmptyFieldListFilter),
         ("created_at", admin.DateFieldListFilter),
     )
     date_hierarchy = "created_at"
@@ -219,12 +230,35 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
     )
     actions = ("cancel_runs", "resume_runs", "retry_runs", "delete_selected")
     fieldsets = (
-        (None, {"fields": ("id", "workflow_name", "idempotency_key", "inline")}),
+        (None, {"fields": ("id", "workflow_name", "version", "idempotency_key", "inline")}),
         (
             gettext_lazy("Timing"),
-            {"fields": ("started", "last_change", "duration", "next_orchestration", "wakes")},
+            {
+                "fields": (
+                    "started",
+                    "last_change",
+                    "duration",
+                    "next_orchestration",
+                    "deadline_at",
+                    "wakes",
+                )
+            },
+        ),
+        (
+            gettext_lazy("Scheduling"),
+            {
+                "fields": (
+                    "queue_name",
+                    "priority",
+                    "start_at",
+                    "concurrency_key",
+                    "concurrency_limit",
+                    "key_waiting",
+                )
+            },
         ),
         (gettext_lazy("Data"), {"fields": ("input_json",)}),
+        (gettext_lazy("Events and published values"), {"fields": ("events", "published_json")}),
     )
     readonly_fields = (
         "id",
@@ -235,8 +269,18 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
         "last_change",
         "duration",
         "next_orchestration",
+        "deadline_at",
         "wakes",
         "input_json",
+        "version",
+        "events",
+        "published_json",
+        "queue_name",
+        "priority",
+        "start_at",
+        "concurrency_key",
+        "concurrency_limit",
+        "key_waiting",
     )
 
     class Media:
@@ -339,6 +383,18 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
             return EMPTY
         return Truncator(obj.suspend_reason).chars(60)
 
+    @admin.display(description=gettext_lazy("queue"), ordering="queue")
+    def queue_name(self, obj: WorkflowRun) -> str:
+        return obj.queue or _("(default)")
+
+    @admin.display(description=gettext_lazy("concurrency key"), ordering="concurrency_key")
+    def key(self, obj: WorkflowRun) -> str:
+        if obj.concurrency_key is None:
+            return EMPTY
+        if obj.key_waiting and obj.status == "running":
+            return _("%(key)s (waiting)") % {"key": obj.concurrency_key}
+        return obj.concurrency_key
+
     @admin.display(description=gettext_lazy("parent"))
     def parent(self, obj: WorkflowRun) -> SafeString | str:
         parent_id = getattr(obj, "parent_run_id", None)
@@ -412,6 +468,14 @@ class WorkflowRunAdmin(DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, 
     @admin.display(description=gettext_lazy("input"))
     def input_json(self, obj: WorkflowRun) -> SafeString | str:
         return json_block(obj.input)
+
+    @admin.display(description=gettext_lazy("events"))
+    def events(self, obj: WorkflowRun) -> SafeString | str:
+        return events_table(obj)
+
+    @admin.display(description=gettext_lazy("published values"))
+    def published_json(self, obj: WorkflowRun) -> SafeString | str:
+        return published_block(obj)
 
     def render_change_form(
         self,

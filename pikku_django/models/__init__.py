@@ -1,7 +1,9 @@
 """pikku_django's models, one module per concern."""
 
+from pikku_django.models.events import WorkflowEvent
 from pikku_django.models.heartbeats import WorkerHeartbeat
 from pikku_django.models.leases import Lease
+from pikku_django.models.limits import QueueClaim
 from pikku_django.models.schedules import MissedTicks, Schedule, ScheduleOrigin
 from pikku_django.models.webhooks import CredentialValue, TriggerSource, WebhookReceipt
 from pikku_django.models.workflows import (
@@ -23,6 +25,7 @@ __all__ = [
     "CredentialValue",
     "Lease",
     "MissedTicks",
+    "QueueClaim",
     "RunStatus",
     "Schedule",
     "ScheduleOrigin",
@@ -32,6 +35,7 @@ __all__ = [
     "TriggerSource",
     "WebhookReceipt",
     "WorkerHeartbeat",
+    "WorkflowEvent",
     "WorkflowRun",
     "WorkflowStep",
 ]

@@ -46,6 +46,10 @@ class StepKind(models.TextChoices):
     SLEEP = "sleep", _("sleep")
     SUSPEND = "suspend", _("suspend")
     CHILD = "child", _("child workflow")
+    EVENT = "event", _("wait for an event")
+    PUBLISH = "publish", _("published value")
+    PATCH = "patch", _("patch marker")
+    PARALLEL = "parallel", _("parallel group")
 
 
 class Backoff(models.TextChoices):
@@ -101,11 +105,37 @@ class WorkflowRun(models.Model):
         blank=True,
         help_text=_("its first pass is not claimed before this time"),
     )
+    # NULL when the run has no key: only runs sharing a key limit each other.
+    concurrency_key = models.CharField(  # noqa: DJ001
+        _("concurrency key"),
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text=_("runs sharing this key run at most their concurrency limit at a time"),
+    )
+    concurrency_limit = models.PositiveSmallIntegerField(
+        _("concurrency limit"),
+        default=1,
+        db_default=1,
+        help_text=_("how many runs of its concurrency key may be in progress at once"),
+    )
+    key_waiting = models.BooleanField(
+        _("waiting for its key"),
+        default=False,
+        db_default=False,
+        help_text=_("not started yet: its concurrency key has no free slot"),
+    )
     pass_errors = models.PositiveIntegerField(
         _("pass errors"),
         default=0,
         db_default=0,
         help_text=_("orchestration passes in a row that a data or programming error ended"),
+    )
+    deadline_at = models.DateTimeField(
+        _("deadline"),
+        null=True,
+        blank=True,
+        help_text=_("the run fails with WorkflowTimeoutError if it has not ended by then"),
     )
     trace_context = models.JSONField(
         _("trace context"),
@@ -113,6 +143,21 @@ class WorkflowRun(models.Model):
         blank=True,
         editable=False,
         help_text=_("the W3C trace headers of the code that started the run (OpenTelemetry)"),
+    )
+    version = models.CharField(
+        _("version"),
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_("the workflow version (declared, or a hash of its code) it started under"),
+    )
+    published = models.JSONField(
+        _("published values"),
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("the values the run set with ctx.set_event, by name"),
     )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
@@ -137,12 +182,22 @@ class WorkflowRun(models.Model):
                 name="pikku_run_wake",
                 condition=models.Q(status="running", inline=False),
             ),
+            # Runs past their deadline: open runs that have one, by when.
+            models.Index(
+                fields=("deadline_at",),
+                name="pikku_run_deadline",
+                condition=models.Q(status__in=("running", "suspended"), deadline_at__isnull=False),
+            ),
             # The stalled-run sweep: running runs nothing has woken, by last change.
             models.Index(
                 fields=("updated_at",),
                 name="pikku_run_idle",
                 condition=models.Q(status="running", wake_at__isnull=True),
             ),
+            # Per-key concurrency: a key's runs in progress, and the runs waiting for
+            # a slot, in start order.
+            models.Index(fields=("concurrency_key", "status"), name="pikku_run_key"),
+            models.Index(fields=("key_waiting", "created_at"), name="pikku_run_key_waiting"),
         )
 
     def __str__(self) -> str:
@@ -190,7 +245,24 @@ class WorkflowStep(models.Model):
         _("priority"), default=0, db_default=0, help_text=_("its run's priority")
     )
     transactional = models.BooleanField(_("transactional"), default=False)
+    timeout = models.FloatField(
+        _("timeout (s)"),
+        null=True,
+        blank=True,
+        help_text=_("how long one attempt may run before it is failed as timed out"),
+    )
     available_at = models.DateTimeField(_("available at"), null=True, blank=True)
+    #: A branch's parallel group (a step of kind ``parallel`` of the same run).
+    group = models.ForeignKey(
+        "self",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="branches",
+        verbose_name=_("parallel group"),
+    )
+    #: A parallel group's child branches not settled yet: the last one wakes the run.
+    open_branches = models.IntegerField(_("open child branches"), default=0, db_default=0)
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
 
@@ -229,6 +301,12 @@ class WorkflowStep(models.Model):
                 condition=models.Q(
                     kind="queued", status__in=("scheduled", "pending", "failed", "running")
                 ),
+            ),
+            # Suspensions with a timeout, by when they time out.
+            models.Index(
+                fields=("available_at",),
+                name="pikku_step_suspend_due",
+                condition=models.Q(kind="suspend", status="suspended", available_at__isnull=False),
             ),
             # A run's steps that are not done yet (the stalled-run sweep's look).
             models.Index(

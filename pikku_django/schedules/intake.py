@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.utils import timezone
 
 from pikku_django.schedules.store import schedules
@@ -19,8 +21,22 @@ class ScheduleIntake:
     name = "pikku.schedules"
     notify_payload: str | None = None
 
+    def __init__(self) -> None:
+        self._next_due: datetime | None = None
+
     def start_waiting(self, engine: RunStarter, limit: int) -> int:
-        return len(start_due_ticks(using=engine.using).started)
+        report = start_due_ticks(using=engine.using)
+        self._next_due = report.next_due
+        return len(report.started)
+
+    def seconds_until_due(self, engine: RunStarter) -> float | None:
+        """Seconds until the next tick the last look found (None: none, or due already),
+        so that a worker looks again at the tick rather than up to a poll later."""
+        due = self._next_due
+        if due is None:
+            return None
+        seconds = (due - timezone.now()).total_seconds()
+        return seconds if seconds > 0 else None
 
     def has_waiting(self, engine: RunStarter) -> bool:
         due = schedules(engine.using).filter(next_tick_at__lte=timezone.now())

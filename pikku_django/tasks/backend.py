@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
+
 from pikku_django.tasks import compat
 from pikku_django.tasks.naming import MAX_TASK_PATH, task_workflow
 from pikku_django.tasks.options import OPTION_KEYS, RetryPolicy
@@ -73,6 +75,8 @@ class PikkuBackend(compat.BaseTaskBackend):
                 task.policy()
             except ValueError as exc:
                 raise compat.InvalidTask(str(exc)) from exc
+            if task.transactional:
+                _check_not_async_transactional(task)
 
     # -- enqueueing -----------------------------------------------------------------
 
@@ -84,6 +88,9 @@ class PikkuBackend(compat.BaseTaskBackend):
         self.validate_task(task)
         own = task.policy() if isinstance(task, PikkuTask) else RetryPolicy()
         policy = own.over(self.policy).as_step_options()
+        is_async = iscoroutinefunction(task.func)
+        if policy.get("transactional"):
+            _check_not_async_transactional(task)
         try:
             args, kwargs = compat.normalize_json(list(args)), compat.normalize_json(dict(kwargs))
         except (TypeError, ValueError) as exc:
@@ -100,6 +107,8 @@ class PikkuBackend(compat.BaseTaskBackend):
             "priority": task.priority,
             "run_after": task.run_after.isoformat() if task.run_after else None,
             "policy": {k: v for k, v in policy.items() if v is not None},
+            # An async def task runs as an async step, on the worker's event loop.
+            "async": is_async,
         }
         run = start_workflow(
             task_workflow(task.module_path),
@@ -118,3 +127,13 @@ class PikkuBackend(compat.BaseTaskBackend):
         from pikku_django.tasks.results import TaskRunState
 
         return TaskRunState.load(result_id).result()
+
+
+def _check_not_async_transactional(task: Any) -> None:
+    """InvalidTask for a transactional ``async def`` task (see async steps)."""
+    if iscoroutinefunction(task.func):
+        raise compat.InvalidTask(
+            f"Task {task.module_path} is an async def function and cannot be transactional: "
+            "its database calls run on other threads than the step's transaction. Make it a "
+            "plain def task, or set transactional=False for it."
+        )

@@ -9,6 +9,8 @@ WORKFLOW_PREFIX = "task:"
 STEP_NAME = "task"
 #: The registered step function that calls a task.
 STEP_FUNCTION = "pikku.tasks.call"
+#: The registered async step function that awaits an ``async def`` task.
+ASYNC_STEP_FUNCTION = "pikku.tasks.acall"
 #: The longest task path a run name can hold (WorkflowRun.workflow is 200 characters).
 MAX_TASK_PATH = 200 - len(WORKFLOW_PREFIX)
 

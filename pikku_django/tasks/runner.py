@@ -1,18 +1,27 @@
 """What ``pikku_worker`` runs for a task: the ``task:<path>`` workflow and its one step.
 
 Every task run has one queued step, ``task``, whose function imports the task by
-path and calls it: retries, leases, fencing and recovery are the step's. The
+path and calls it (an ``async def`` task's step is async, awaited on the worker's
+event loop): retries, leases, fencing and recovery are the step's. The
 framework's ``task_started`` and ``task_finished`` signals are sent around the call
 (``task_finished`` once: on success, or on the attempt that fails for good).
 """
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import transaction
 
-from pikku_django.tasks.naming import STEP_FUNCTION, STEP_NAME, WORKFLOW_PREFIX
+from pikku_django.tasks.naming import (
+    ASYNC_STEP_FUNCTION,
+    STEP_FUNCTION,
+    STEP_NAME,
+    WORKFLOW_PREFIX,
+)
 from pikku_django.workflows.api import get_engine
 from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.errors import NotSerializableError, WorkflowError, serialize_error
@@ -34,7 +43,7 @@ def run_task(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
     policy = input.get("policy") or {}
     return ctx.do(
         STEP_NAME,
-        STEP_FUNCTION,
+        ASYNC_STEP_FUNCTION if input.get("async") else STEP_FUNCTION,
         {"run": str(ctx.run_id)},
         queue=input.get("queue"),
         **policy,
@@ -48,57 +57,119 @@ def find_task_workflow(name: str) -> WorkflowDefinition:
 register_workflow_prefix(WORKFLOW_PREFIX, find_task_workflow)
 
 
-@step(name=STEP_FUNCTION)
-def call_task(data: dict[str, Any]) -> Any:
-    """Call the task of run ``data["run"]`` with its arguments; its JSON result is the step's."""
+@dataclass
+class _TaskCall:
+    """One attempt's call of a task: the task, its result as the worker holds it, and
+    whether this is its last attempt."""
+
+    task: Any
+    result: Any
+    sender: type
+    last_attempt: bool
+
+    def arguments(self, compat: Any) -> tuple[list[Any], dict[str, Any]]:
+        args = list(self.result.args)
+        if self.task.takes_context:
+            args.insert(0, compat.TaskContext(task_result=self.result))
+        return args, dict(self.result.kwargs)
+
+
+def _begin(data: dict[str, Any]) -> _TaskCall:
+    """Load the task of run ``data["run"]`` and send ``task_started``."""
     # The framework and the models load once a worker runs a task, not at start-up:
-    # this module registers the step on every project, with django.tasks or not.
+    # this module registers the steps on every project, with django.tasks or not.
     from pikku_django.tasks import compat
-    from pikku_django.tasks.results import TaskRunState, finished, task_error
+    from pikku_django.tasks.results import TaskRunState
 
     state = TaskRunState.load(data["run"])
     task = state.task()
     result = state.result(task)
-    sender = type(task.get_backend())
     attempt = state.step.attempt if state.step is not None else len(state.attempts)
-    last_attempt = state.step is None or attempt >= state.step.attempts_allowed
-    compat.task_started.send(sender=sender, task_result=result)
+    call = _TaskCall(
+        task=task,
+        result=result,
+        sender=type(task.get_backend()),
+        last_attempt=state.step is None or attempt >= state.step.attempts_allowed,
+    )
+    compat.task_started.send(sender=call.sender, task_result=result)
+    return call
+
+
+def _failed(call: _TaskCall, exc: BaseException) -> Exception:
+    """What the step raises for ``exc``; ``task_finished`` on the attempt that fails for good."""
+    from pikku_django.tasks import compat
+    from pikku_django.tasks.results import finished, task_error
+
+    error = _as_exception(exc, call.task.module_path)
+    if call.last_attempt or isinstance(error, NotSerializableError):
+        finished(
+            call.result, compat.TaskResultStatus.FAILED, error=task_error(serialize_error(error))
+        )
+        compat.task_finished.send(sender=call.sender, task_result=call.result)
+    return error
+
+
+def _succeeded(call: _TaskCall, raw: Any) -> Any:
+    """The task's JSON result, marked on its result; ``task_finished`` after the commit."""
+    from pikku_django.tasks import compat
+    from pikku_django.tasks.results import finished
+
     try:
-        value = _call(compat, task, result)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        error = _as_exception(exc, task.module_path)
-        if last_attempt or isinstance(error, NotSerializableError):
-            finished(
-                result, compat.TaskResultStatus.FAILED, error=task_error(serialize_error(error))
-            )
-            compat.task_finished.send(sender=sender, task_result=result)
-        if error is exc:
-            raise
-        raise error from exc
-    finished(result, compat.TaskResultStatus.SUCCESSFUL, value=value)
+        value = compat.normalize_json(raw)
+    except (TypeError, ValueError) as exc:
+        raise _failed(
+            call,
+            NotSerializableError(
+                f"The return value of task {call.task.module_path} is not JSON ({exc})"
+            ),
+        ) from exc
+    finished(call.result, compat.TaskResultStatus.SUCCESSFUL, value=value)
     # A transactional task's result is recorded in the transaction it ran in: the
     # signal follows that commit. Otherwise it is sent at once.
     transaction.on_commit(
-        lambda: compat.task_finished.send(sender=sender, task_result=result),
+        lambda: compat.task_finished.send(sender=call.sender, task_result=call.result),
         using=get_engine().using,
     )
     return value
 
 
-def _call(compat: Any, task: Any, result: Any) -> Any:
-    if task.takes_context:
-        context = compat.TaskContext(task_result=result)
-        raw = task.call(context, *result.args, **result.kwargs)
-    else:
-        raw = task.call(*result.args, **result.kwargs)
+@step(name=STEP_FUNCTION)
+def call_task(data: dict[str, Any]) -> Any:
+    """Call the task of run ``data["run"]`` with its arguments; its JSON result is the step's."""
+    from pikku_django.tasks import compat
+
+    call = _begin(data)
+    args, kwargs = call.arguments(compat)
     try:
-        return compat.normalize_json(raw)
-    except (TypeError, ValueError) as exc:
-        raise NotSerializableError(
-            f"The return value of task {task.module_path} is not JSON ({exc})"
-        ) from exc
+        raw = call.task.call(*args, **kwargs)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        error = _failed(call, exc)
+        if error is exc:
+            raise
+        raise error from exc
+    return _succeeded(call, raw)
+
+
+@step(name=ASYNC_STEP_FUNCTION)
+async def acall_task(data: dict[str, Any]) -> Any:
+    """:func:`call_task` for an ``async def`` task: awaited on the worker's event loop,
+    its database work on the loop's threads."""
+    from pikku_django.tasks import compat
+
+    call = await sync_to_async(_begin, thread_sensitive=False)(data)
+    args, kwargs = call.arguments(compat)
+    try:
+        raw = await call.task.acall(*args, **kwargs)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        error = await sync_to_async(_failed, thread_sensitive=False)(call, exc)
+        if error is exc:
+            raise
+        raise error from exc
+    return await sync_to_async(_succeeded, thread_sensitive=False)(call, raw)
 
 
 def _as_exception(exc: BaseException, path: str) -> Exception:

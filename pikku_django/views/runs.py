@@ -15,7 +15,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import PermissionDenied
 from django.core.handlers.asgi import ASGIRequest
 from django.db import close_old_connections
@@ -24,6 +23,7 @@ from django.utils.module_loading import import_string
 from django.views.decorators.http import require_GET
 
 from pikku_django.conf import pikku_settings
+from pikku_django.views._aio import ChangeWaiter, read_snapshot, release_request_thread
 from pikku_django.workflows.status import RunSnapshot, notifications, snapshot
 
 logger = logging.getLogger(__name__)
@@ -115,16 +115,16 @@ def _sync_frames(run_id: str, using: str) -> Iterator[bytes]:
 
 
 async def _async_frames(run_id: str, using: str) -> AsyncIterator[bytes]:
+    release_request_thread()
     state = _Frames()
     poll = float(pikku_settings.STREAM_POLL_INTERVAL)
     heartbeat = float(pikku_settings.STREAM_HEARTBEAT)
     deadline = time.monotonic() + float(pikku_settings.STREAM_MAX_SECONDS)
     last_sent = time.monotonic()
-    read = sync_to_async(snapshot, thread_sensitive=True)
-    wait = sync_to_async(notifications(using).wait, thread_sensitive=False)
+    changes = ChangeWaiter(using)
     try:
         while time.monotonic() < deadline:
-            snap = await read(run_id, using)
+            snap = await read_snapshot(run_id, using)
             if snap is None:
                 return
             frames, done = state.next(snap)
@@ -137,12 +137,12 @@ async def _async_frames(run_id: str, using: str) -> AsyncIterator[bytes]:
                 last_sent = time.monotonic()
             if done:
                 return
-            await wait(poll)
+            await changes.wait(poll)
     except asyncio.CancelledError:
         logger.debug("Stream of run %s closed by the client", run_id)
         raise
     finally:
-        await sync_to_async(close_old_connections, thread_sensitive=True)()
+        changes.close()
 
 
 @require_GET

@@ -12,6 +12,7 @@ from pikku_django.webhooks.sources import (
     credential_name,
     on_webhook,
     register_source,
+    send_event_on,
     start_workflow_on,
     webhook_source,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "credential_values",
     "on_webhook",
     "register_source",
+    "send_event_on",
     "set_credential",
     "start_workflow_on",
     "webhook_source",

@@ -107,8 +107,16 @@ def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> Outcome:
 
     engine = get_engine()
     notify = bool(pikku_settings.WORKER_NOTIFY)
+    handler = handler_for(new.source, new.event)
+    now = engine.clock.now()
     try:
-        if store_event(engine.using, new, notify=notify, gate=gate, now=engine.clock.now()):
+        if handler is not None and handler.send is not None:
+            from pikku_django.webhooks._send_events import store_and_send
+
+            stored = store_and_send(engine, new, handler.send, gate=gate, now=now)
+        else:
+            stored = store_event(engine.using, new, notify=notify, gate=gate, now=now)
+        if stored:
             return "stored"
     except DataError as exc:  # e.g. PostgreSQL refuses \u0000 in JSON text
         logger.warning(

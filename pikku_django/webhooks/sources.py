@@ -192,11 +192,23 @@ class WebhookSource:
 
 @dataclass(frozen=True)
 class Handler:
-    """What runs for one ``<source>:<event>``: a function (by step name) or a workflow."""
+    """What runs for one ``<source>:<event>``: a function (by step name), a workflow,
+    or an event sent to a waiting run (``send``)."""
 
     key: str
     step: str | None = None
     workflow: str | None = None
+    send: EventBinding | None = None
+
+
+@dataclass(frozen=True)
+class EventBinding:
+    """Send each event, as event ``event``, to the run of ``workflow`` whose
+    idempotency key ``run_key(data)`` returns, in the transaction that stores its receipt."""
+
+    workflow: str
+    event: str
+    run_key: Callable[[Any], str]
 
 
 def register_source(source: WebhookSource) -> WebhookSource:
@@ -253,6 +265,24 @@ def start_workflow_on(key: str, workflow: str | Callable[..., Any]) -> None:
     if not isinstance(name, str):
         raise ImproperlyConfigured(f"{workflow!r} is not a registered workflow")
     _bind(Handler(key=key, workflow=name))
+
+
+def send_event_on(
+    key: str, workflow: str | Callable[..., Any], *, event: str, run_key: Callable[[Any], str]
+) -> None:
+    """Send each ``<source>:<event>`` event to the run of ``workflow`` started with the
+    idempotency key ``run_key(event_data)``, as the workflow event ``event`` (its data
+    the webhook event's data, its event id the provider's), in the transaction that
+    stores the webhook's receipt: both are stored, or neither."""
+    _check_key(key)
+    name = getattr(workflow, "__pikku_workflow__", workflow)
+    if not isinstance(name, str):
+        raise ImproperlyConfigured(f"{workflow!r} is not a registered workflow")
+    if not callable(run_key):
+        raise ImproperlyConfigured(f"send_event_on run_key= must be callable, not {run_key!r}")
+    if not isinstance(event, str) or not event or "#" in event:
+        raise ImproperlyConfigured(f"send_event_on event= must be an event name, not {event!r}")
+    _bind(Handler(key=key, workflow=name, send=EventBinding(name, event, run_key)))
 
 
 def _check_key(key: object) -> None:

@@ -25,6 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from pikku_django.conf import pikku_settings
 from pikku_django.models import TriggerSource
+from pikku_django.webhooks._send_events import NoRunForEventError
 from pikku_django.webhooks.bodies import BodyLimitError
 from pikku_django.webhooks.dispatch import new_events, store_new_event
 from pikku_django.webhooks.sources import (
@@ -271,6 +272,9 @@ def _store(
     while index < len(rows):
         try:
             outcome = store_new_event(rows[index], gate=state.gate)
+        except NoRunForEventError as exc:
+            logger.warning("%s; answered 409, nothing stored", exc)
+            raise Answered(_error(409, "no run waits for this event; send it again later")) from exc
         except SourceChanged:
             changes += 1
             _source_changed(source, request, ctx, state, changes)

@@ -1,12 +1,33 @@
 """Durable workflows: functions replayed step by step, run by ``pikku_worker``."""
 
+from pikku_django.workflows._async_api import (
+    acancel_workflow,
+    aresume_workflow,
+    aretry_workflow,
+    astart_workflow,
+    aworkflow_status,
+    workflow_status,
+)
+from pikku_django.workflows._fanout import Branch, JoinPolicy, Outcome, ParallelGroup
 from pikku_django.workflows._run_options import RunOptions
+from pikku_django.workflows._signals_in import (
+    TIMED_OUT,
+    EventOutcome,
+    EventTimeout,
+    RunKey,
+    SentEvent,
+)
 from pikku_django.workflows.api import (
+    await_run,
     cancel_workflow,
     get_engine,
+    published_values,
     resume_workflow,
     retry_workflow,
+    send_event,
+    send_event_with_start,
     start_workflow,
+    wait_for_run,
 )
 from pikku_django.workflows.clock import Clock, FakeClock
 from pikku_django.workflows.config import EngineConfig
@@ -15,37 +36,57 @@ from pikku_django.workflows.engine import ClaimedStep, StepOutcome, Wake, Workfl
 from pikku_django.workflows.errors import (
     NonDeterministicWorkflowError,
     NotSerializableError,
+    RunWaitTimeoutError,
     StepFailedError,
     StepFunctionNotFoundError,
+    StepTimeoutError,
+    SuspendTimeoutError,
+    UnknownPatchError,
     WorkflowError,
     WorkflowNotFoundError,
     WorkflowRunNotFoundError,
     WorkflowRunStateError,
     WorkflowStepLeaseExpiredError,
     WorkflowStepSupersededError,
+    WorkflowTimeoutError,
 )
 from pikku_django.workflows.intake import Intake, register_intake, unregister_intake
 from pikku_django.workflows.queues import QueueSettings, Rate
 from pikku_django.workflows.registry import PRIORITY_MAX, PRIORITY_MIN, step, workflow
+from pikku_django.workflows.status import RunSnapshot
 from pikku_django.workflows.store import NewRun
 
 __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
+    "TIMED_OUT",
+    "Branch",
     "ClaimedStep",
     "Clock",
     "EngineConfig",
+    "EventOutcome",
+    "EventTimeout",
     "FakeClock",
     "Intake",
+    "JoinPolicy",
     "NewRun",
     "NonDeterministicWorkflowError",
     "NotSerializableError",
+    "Outcome",
+    "ParallelGroup",
     "QueueSettings",
     "Rate",
+    "RunKey",
     "RunOptions",
+    "RunSnapshot",
+    "RunWaitTimeoutError",
+    "SentEvent",
     "StepFailedError",
     "StepFunctionNotFoundError",
     "StepOutcome",
+    "StepTimeoutError",
+    "SuspendTimeoutError",
+    "UnknownPatchError",
     "Wake",
     "WorkflowContext",
     "WorkflowEngine",
@@ -55,13 +96,25 @@ __all__ = [
     "WorkflowRunStateError",
     "WorkflowStepLeaseExpiredError",
     "WorkflowStepSupersededError",
+    "WorkflowTimeoutError",
+    "acancel_workflow",
+    "aresume_workflow",
+    "aretry_workflow",
+    "astart_workflow",
+    "await_run",
+    "aworkflow_status",
     "cancel_workflow",
     "get_engine",
+    "published_values",
     "register_intake",
     "resume_workflow",
     "retry_workflow",
+    "send_event",
+    "send_event_with_start",
     "start_workflow",
     "step",
     "unregister_intake",
+    "wait_for_run",
     "workflow",
+    "workflow_status",
 ]

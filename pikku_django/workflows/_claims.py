@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -12,7 +13,9 @@ from django.utils import timezone
 
 from pikku_django.dbclock import EpochMs
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
+from pikku_django.workflows._rates import free_claims, record_claim
 from pikku_django.workflows._runs import RunStates
+from pikku_django.workflows._timeouts import capped_lease_ms, time_out_lapsed
 from pikku_django.workflows._values import ClaimedStep, default_worker_id
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.errors import (
@@ -85,6 +88,8 @@ class Claims:
             lease = step.lease_expires_at
             if lease is None or lease >= step.store_now:  # type: ignore[attr-defined]
                 return None  # live, or parked on a child run
+            if time_out_lapsed(self.store, step, self.clock.now()):
+                return None  # failed as timed out: its retry policy takes it from here
             lapsed = Q(status=status, attempt=attempt, lease_expires_at__lt=EpochMs())
             if exhausted:
                 self._fail_lease_expired(step, lapsed)
@@ -103,6 +108,8 @@ class Claims:
     def new_attempt(
         self, step: WorkflowStep, guard: Q, *, lease_ms: int, worker: str
     ) -> ClaimedStep | None:
+        lease_ms = capped_lease_ms(lease_ms, step.timeout)
+        claimed_at = time.monotonic()  # before the claim: the worker's deadline is never late
         if not self.store.claim_attempt(step, guard, lease_ms=lease_ms, worker=worker):
             return None
         return ClaimedStep(
@@ -116,6 +123,8 @@ class Claims:
             lease_ms=lease_ms,
             queue=step.queue,
             reclaimed=step.status == StepStatus.RUNNING,
+            claimed_at=claimed_at,
+            timeout=step.timeout,
         )
 
     def claim_inline(self, step: WorkflowStep) -> ClaimedStep | None:
@@ -171,15 +180,14 @@ class Claims:
         limited = [
             q.name
             for q in config.queues.values()
-            if q.concurrency is not None and (not served or q.name in served)
+            if config.is_limited(q.name) and (not served or q.name in served)
         ]
         claimed: list[ClaimedStep] = []
         with self.store.claims_serialised(), self.store.limited_claim(limited):
             # A limited queue's free slots: its limit less its claims whose lease
-            # has not lapsed, counted while no other worker claims from it.
-            free = {q: config.concurrency_of(q) or 0 for q in limited}
-            for queue in limited:
-                free[queue] -= self.store.live_claims(queue)
+            # has not lapsed, and its rate less its claims in the last period,
+            # counted while no other worker claims from it.
+            free = {q: self._free_slots(q) for q in limited}
             full = [q for q, n in free.items() if n <= 0]
             for step in self.store.lock_ready_steps(now, served, limit, full):
                 if free.get(step.queue, 1) <= 0:
@@ -191,4 +199,18 @@ class Claims:
                     claimed.append(got)
                     if step.queue in free:
                         free[step.queue] -= 1
+                        if config.rate_of(step.queue) is not None:
+                            record_claim(self.store, step.queue)
         return claimed
+
+    def _free_slots(self, queue: str) -> int:
+        """How many more of ``queue``'s steps may be claimed now, by its limits."""
+        config = self.config
+        slots = []
+        concurrency = config.concurrency_of(queue)
+        if concurrency is not None:
+            slots.append(concurrency - self.store.live_claims(queue))
+        rate = config.rate_of(queue)
+        if rate is not None:
+            slots.append(free_claims(self.store, queue, rate))
+        return min(slots, default=1)

@@ -16,6 +16,7 @@ from pikku_django.workflows._dberrors import retrying
 from pikku_django.workflows._events import AttemptInfo
 from pikku_django.workflows._options import retry_delay_for
 from pikku_django.workflows._runs import RunStates
+from pikku_django.workflows._timeouts import check_in_time
 from pikku_django.workflows._values import (
     CarriedRun,
     ClaimedStep,
@@ -147,13 +148,46 @@ class Execution:
         )
 
     def _run(self, claimed: ClaimedStep, fn: Callable[..., Any], wake: Wake) -> StepOutcome:
-        events = self.states.events
-        info = events.attempt_info(claimed)
-        events.step_attempt_started(info)
-        began = time.monotonic()
+        info, began = self.attempt_started(claimed)
         outcome = self._run_signalled(claimed, fn, wake, info, began)
+        return self._ended(outcome, info, began)
+
+    def attempt_started(self, claimed: ClaimedStep) -> tuple[AttemptInfo | None, float]:
+        """Announce that ``claimed`` starts: what :meth:`settle_call` then takes."""
+        info = self.states.events.attempt_info(claimed)
+        self.states.events.step_attempt_started(info)
+        return info, time.monotonic()
+
+    def settle_call(
+        self,
+        claimed: ClaimedStep,
+        wake: Wake,
+        info: AttemptInfo | None,
+        began: float,
+        *,
+        value: Any = None,
+        error: Exception | None = None,
+    ) -> StepOutcome:
+        """Record what a step's function returned (``value``) or raised (``error``)
+        when it was called elsewhere (an async step, on the worker's event loop), as
+        :meth:`execute_step` records it, fenced by the attempt."""
+        what = f"The result of step {claimed.name!r}"
+
+        def settle() -> Settled | None:
+            if error is not None:
+                raise error
+            result = to_json(value, what)
+            check_in_time(claimed)  # a late result is refused: the attempt timed out
+            return retrying(
+                lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+            )
+
+        with self._log_context(claimed):
+            return self._ended(self._settled(claimed, wake, info, began, settle), info, began)
+
+    def _ended(self, outcome: StepOutcome, info: AttemptInfo | None, began: float) -> StepOutcome:
         if outcome is StepOutcome.SUCCEEDED:
-            events.step_attempt_succeeded(info, time.monotonic() - began)
+            self.states.events.step_attempt_succeeded(info, time.monotonic() - began)
         return outcome
 
     def _run_signalled(
@@ -171,18 +205,34 @@ class Execution:
             # all: a superseded attempt's (or a stopped run's) writes roll back.
             with self.store.atomic():
                 result = to_json(registry.call_step_function(fn, claimed.input), what)
+                check_in_time(claimed)  # a late attempt's writes roll back
                 self._check_run_running(claimed)
                 return self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
 
-        try:
+        def call_and_settle() -> Settled | None:
             if claimed.transactional:
                 # A deadlock or lock wait rolls it all back: made again, same attempt.
-                settled = retrying(transaction)
-            else:
-                result = to_json(registry.call_step_function(fn, claimed.input), what)
-                settled = retrying(
-                    lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
-                )
+                return retrying(transaction)
+            result = to_json(registry.call_step_function(fn, claimed.input), what)
+            check_in_time(claimed)  # a late result is refused: the attempt timed out
+            return retrying(
+                lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+            )
+
+        return self._settled(claimed, wake, info, began, call_and_settle)
+
+    def _settled(
+        self,
+        claimed: ClaimedStep,
+        wake: Wake,
+        info: AttemptInfo | None,
+        began: float,
+        settle: Callable[[], Settled | None],
+    ) -> StepOutcome:
+        """The outcome of ``settle`` (the call and its fenced result), its failure
+        recorded as the step's error."""
+        try:
+            settled = settle()
             if claimed.carried is not None and settled is not None:
                 _carry_result(claimed, claimed.carried, settled)
         except WorkflowStepSupersededError as exc:

@@ -17,6 +17,7 @@ from pikku_django.workflows._claims import Claims
 from pikku_django.workflows._execution import Execution
 from pikku_django.workflows._options import retry_delay_for
 from pikku_django.workflows._runs import LEASE_TAKEN_RETRY, RunStates
+from pikku_django.workflows._timeouts import check_elapsed
 from pikku_django.workflows._values import (
     NewStep,
     Pause,
@@ -152,11 +153,13 @@ class InlineSteps:
                     # The function's writes and the step's row commit together.
                     with self.store.atomic():
                         result = to_json(registry.call_step_function(fn, fresh(payload)), what)
+                        check_elapsed(name, 1, new.timeout, began)
                         stored = succeeded(result)
                         if stored is None:
                             raise _StepExistsError  # rolls the function's writes back
                 else:
                     result = to_json(registry.call_step_function(fn, fresh(payload)), what)
+                    check_elapsed(name, 1, new.timeout, began)
                     stored = succeeded(result)
                 if stored is not None:
                     step_id, as_stored = stored

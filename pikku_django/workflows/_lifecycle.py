@@ -10,11 +10,14 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError
-from django.db.models import F
+from django.db.models import Case, F, When
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._branches import failed_group
+from pikku_django.workflows._debounce import debounced_start
 from pikku_django.workflows._run_options import RunOptions
+from pikku_django.workflows._run_waits import announce_run_end
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._values import to_json
 from pikku_django.workflows.errors import WorkflowRunNotFoundError, WorkflowRunStateError
@@ -51,9 +54,11 @@ class RunLifecycle:
         idempotency_key: str | None,
         inline: bool,
         options: RunOptions | None = None,
+        debounced: bool = False,
     ) -> tuple[WorkflowRun, bool]:
         """Create a run (or find the one with this idempotency key), due now or at its
-        ``options.start_at``: the run, and whether this call created it."""
+        ``options.start_at``: the run, and whether this call created it. A
+        ``debounced`` start reuses the key's run while it waits (see ``_debounce``)."""
         options = options or RunOptions()
         payload = to_json(input, "The workflow input")
         if idempotency_key is not None and (
@@ -61,34 +66,74 @@ class RunLifecycle:
         ):
             raise ValueError("idempotency_key must be a str of 1 to 255 characters")
         runs = self.store.runs()
+        if debounced and idempotency_key is not None:
+            key = idempotency_key
+            run, created = debounced_start(
+                self.store,
+                definition.name,
+                payload,
+                key,
+                options,
+                lambda: self._create(definition, payload, key, inline, options),
+                self.clock.now,
+            )
+            if created:
+                with log_context(workflow=run.workflow, run_id=str(run.id)):
+                    logger.info("Run started (debounced)")
+            return run, created
         if idempotency_key is not None:
             existing = runs.filter(workflow=definition.name, idempotency_key=idempotency_key)
             found = existing.first()
             if found is not None:
                 return found, False
         try:
-            with self.store.atomic():
-                run = runs.create(
-                    workflow=definition.name,
-                    input=payload,
-                    inline=inline,
-                    idempotency_key=idempotency_key,
-                    priority=options.priority,
-                    queue=options.queue,
-                    start_at=options.start_at,
-                    wake_at=None if inline else options.due_at(self.clock.now()),
-                    trace_context=current_trace_context(),
-                )
-                self.states.events.run_started(run)
-                if not inline:
-                    self.store.notify()
+            run = self._create(definition, payload, idempotency_key, inline, options)
         except IntegrityError:
             if idempotency_key is None:
                 raise
-            return runs.get(workflow=definition.name, idempotency_key=idempotency_key), False
+            with self.store.atomic():
+                # A locking read: it sees the winner's row under repeatable read too.
+                taken = runs.select_for_update().filter(
+                    workflow=definition.name, idempotency_key=idempotency_key
+                )
+                return taken.get(), False
         with log_context(workflow=run.workflow, run_id=str(run.id)):
             logger.info("Run started%s", " (inline)" if inline else "")
         return run, True
+
+    def _create(
+        self,
+        definition: WorkflowDefinition,
+        payload: Any,
+        idempotency_key: str | None,
+        inline: bool,
+        options: RunOptions,
+    ) -> WorkflowRun:
+        """Insert the run (IntegrityError if its idempotency key is taken)."""
+        with self.store.atomic():
+            run = self.store.runs().create(
+                workflow=definition.name,
+                input=payload,
+                inline=inline,
+                idempotency_key=idempotency_key,
+                priority=options.priority,
+                queue=options.queue,
+                start_at=options.start_at,
+                deadline_at=options.deadline_at,
+                # A keyed run waits, not due, until a worker gives it a slot.
+                concurrency_key=options.concurrency_key,
+                concurrency_limit=options.concurrency_limit,
+                key_waiting=options.concurrency_key is not None,
+                wake_at=None
+                if inline or options.concurrency_key is not None
+                else options.due_at(self.clock.now()),
+                trace_context=current_trace_context(),
+                version=definition.version,
+            )
+            self.states.events.run_started(run)
+            if not inline:
+                self.store.notify()
+        return run
 
     def resume(self, run_id: uuid.UUID | str, data: Any) -> WorkflowRun:
         """Set a suspended run running; its ``ctx.suspend()`` returns ``data``."""
@@ -143,6 +188,7 @@ class RunLifecycle:
                     return run, False
                 raise WorkflowRunStateError(f"Run {run.id} is {run.status}: it cannot be cancelled")
             self.states.events.run_finished(run, RunStatus.CANCELLED)
+            announce_run_end(self.store.using, run.id, notifying=self.store.notifying)
             children = list(
                 self.store.steps()
                 .filter(run_id=run.id, kind=StepKind.CHILD, child_run__isnull=False)
@@ -158,6 +204,12 @@ class RunLifecycle:
     def retry(self, run_id: uuid.UUID | str) -> WorkflowRun:
         """Reopen a failed run at the step whose failure failed it."""
         run = self.get(run_id)
+        group = failed_group(self.store, run.id)
+        if group is not None:
+            raise WorkflowRunStateError(
+                f"Run {run.id} failed at the fail-fast join of parallel group {group!r}, "
+                "which is not reopened: start a new run"
+            )
         with self.store.atomic():
             reopened = self._reopen_failed_run(run)
             if not run.inline:
@@ -176,6 +228,8 @@ class RunLifecycle:
                 output=None,
                 error=None,
                 suspend_reason="",
+                # A deadline already past is dropped: the retry would fail at once.
+                deadline_at=Case(When(deadline_at__lte=now, then=None), default=F("deadline_at")),
                 wake_at=None if run.inline else now,
                 wakes=F("wakes") + 1,
                 updated_at=timezone.now(),

@@ -24,6 +24,7 @@ def resolve_step_options(
     queued: bool | None = None,
     queue: str | None = None,
     transactional: bool | None = None,
+    timeout: Duration | None = None,
     run_queue: str = "",
 ) -> StepOptions:
     """How a step calling ``fn`` runs: the call's options, else the registered step's
@@ -71,6 +72,16 @@ def resolve_step_options(
     queue = queue or (definition.queue if definition else None) or run_queue or "default"
     if transactional is None:
         transactional = bool(definition and definition.transactional)
+    if transactional and callable_ is not None:
+        try:
+            registry.check_not_async_transactional(callable_, f"Step function {function!r}")
+        except TypeError as exc:
+            raise WorkflowDefinitionError(str(exc)) from None
+    attempt_timeout = (
+        registry.check_timeout(timeout)
+        if timeout is not None
+        else definition and definition.timeout
+    )
     return StepOptions(
         kind=kind,
         function=function,
@@ -80,6 +91,7 @@ def resolve_step_options(
         backoff=str(backoff),
         queue=str(queue)[:100],
         transactional=bool(transactional),
+        timeout=attempt_timeout or None,
     )
 
 

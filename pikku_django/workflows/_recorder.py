@@ -68,8 +68,9 @@ class StepRecorder:
         queued: bool | None = None,
         queue: str | None = None,
         transactional: bool | None = None,
+        timeout: Duration | None = None,
     ) -> StepOptions:
-        given = (retries, retry_delay, backoff, queued, queue, transactional)
+        given = (retries, retry_delay, backoff, queued, queue, transactional, timeout)
         plain = all(value is None for value in given)
         if plain:
             with contextlib.suppress(KeyError, TypeError):  # not resolved yet, or not a key
@@ -83,6 +84,7 @@ class StepRecorder:
             queued=queued,
             queue=queue,
             transactional=transactional,
+            timeout=timeout,
             run_queue=self.run.queue,
         )
         if plain:
@@ -92,14 +94,18 @@ class StepRecorder:
 
     # -- queued steps ----------------------------------------------------------------
 
-    def queue(self, name: str, options: StepOptions, data: Any) -> WorkflowStep:
-        """Store a new queued step: claimed by this pass's claimer (Pause), or scheduled."""
+    def queue(
+        self, name: str, options: StepOptions, data: Any, *, group: WorkflowStep | None = None
+    ) -> WorkflowStep:
+        """Store a new queued step: claimed by this pass's claimer (Pause), or scheduled
+        (always, for a branch of a parallel ``group``: the pass goes on)."""
         payload = to_json(data, f"The input of step {name!r}")
         if (
-            self.claimer is not None
+            group is None
+            and self.claimer is not None
             and self.claimer.takes(options)
-            # A limited queue's steps are claimed where its limit is counted.
-            and self.config.concurrency_of(options.queue) is None
+            # A limited queue's steps are claimed where its limits are counted.
+            and not self.config.is_limited(options.queue)
         ):
             self.claim_request = (name, options, payload)
             raise Pause(None)
@@ -117,7 +123,9 @@ class StepRecorder:
             backoff=options.backoff,
             queue=options.queue,
             transactional=options.transactional,
+            timeout=options.timeout,
             available_at=self.clock.now(),
+            group=group,
         )
         if not missing:
             self.store.notify()
@@ -146,13 +154,20 @@ class StepRecorder:
                 retries=0,
             )
             if step.child_run_id is None:
+                definition = registry.get_workflow(workflow)
+                timeout = definition.timeout if definition is not None else None
                 child = self.store.runs().create(
                     workflow=workflow,
                     input=payload,
                     inline=self.run.inline,
                     priority=self.run.priority,  # a child step inherits it, as any step
                     wake_at=None if self.run.inline else self.clock.now(),
+                    # Its workflow's @workflow(timeout=...), from now.
+                    deadline_at=None
+                    if timeout is None
+                    else self.clock.now() + timedelta(seconds=timeout),
                     trace_context=self.run.trace_context,
+                    version=_version_of(workflow),
                 )
                 self.states.events.run_started(child, parent_run_id=self.run.id)
                 self.store.steps().filter(id=step.id).update(child_run=child)
@@ -179,14 +194,19 @@ class StepRecorder:
         self.states.finish_marker(step, StepStatus.SUCCEEDED, result=None)
         step.status = StepStatus.SUCCEEDED
 
-    def start_suspension(self, name: str, reason: str) -> WorkflowStep:
+    def start_suspension(
+        self, name: str, reason: str, timeout: float | None = None
+    ) -> WorkflowStep:
+        """Store a suspension; with ``timeout`` it times out (available_at) that late."""
         step = self.inline.create(
             self.run,
             name=name,
             kind=StepKind.SUSPEND,
-            input={"reason": reason},
+            input={"reason": reason} if timeout is None else {"reason": reason, "timeout": timeout},
             status=StepStatus.SUSPENDED,
             retries=0,
+            timeout=timeout,
+            available_at=None if timeout is None else self.clock.now() + timedelta(seconds=timeout),
         )
         self.remember(step)
         return step
@@ -194,3 +214,8 @@ class StepRecorder:
     def suspend_at(self, step: WorkflowStep) -> None:
         """Suspend the run at ``step``."""
         self.states.suspend_for_step(self.run, step)
+
+
+def _version_of(workflow: str) -> str:
+    definition = registry.get_workflow(workflow)
+    return definition.version if definition is not None else ""

@@ -3,6 +3,7 @@ run's lease, and write where it stopped (parked, claimed a step, or ended)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -17,6 +18,7 @@ from pikku_django.workflows._dberrors import is_transient
 from pikku_django.workflows._inline_steps import InlineSteps
 from pikku_django.workflows._memo import StepMemo
 from pikku_django.workflows._recorder import StepRecorder
+from pikku_django.workflows._timeouts import capped_lease_ms
 from pikku_django.workflows._values import (
     CarriedRun,
     ClaimedStep,
@@ -26,17 +28,22 @@ from pikku_django.workflows._values import (
     StepOptions,
     to_json,
 )
+from pikku_django.workflows._versions import check_no_unknown_patch, version_admitted
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.errors import (
     NotSerializableError,
     StepFunctionNotFoundError,
+    UnknownPatchError,
     WorkflowStepSupersededError,
     serialize_error,
 )
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 
 logger = workflow_logger(__name__)
+
+#: How soon a run this worker's code cannot pass is offered to the workers again.
+NOT_CARRIED_RETRY = timedelta(seconds=2)
 
 
 class Replay:
@@ -168,6 +175,9 @@ class Replay:
                 run, f"WORKFLOW_NOT_FOUND: no workflow is registered as {run.workflow!r}"
             )
             return None
+        if not version_admitted(self.states, definition, run, self._config().carried_versions_only):
+            self._not_carried(run, f"version {run.version!r} is not carried here")
+            return None
         if steps is None:
             steps = self.memo.load(self.store, run.id)
         recorder = StepRecorder(
@@ -178,6 +188,7 @@ class Replay:
         ctx = WorkflowContext(recorder)
         try:
             output = definition.fn(ctx, ctx.input)
+            check_no_unknown_patch(ctx, None)
         except Pause as pause:
             if recorder.claim_request is not None and recorder.claimer is not None:
                 name, options, payload = recorder.claim_request
@@ -189,6 +200,9 @@ class Replay:
             return None
         except StepFunctionNotFoundError as exc:
             self.states.suspend(run, f"RPC_NOT_FOUND: {exc}")
+            return None
+        except UnknownPatchError as exc:
+            self._not_carried(run, str(exc))
             return None
         except (WorkflowStepSupersededError, LeaseLostError, DatabaseError):
             raise
@@ -203,6 +217,12 @@ class Replay:
         self.states.finish(run, RunStatus.COMPLETED, output=payload)
         return None
 
+    def _not_carried(self, run: WorkflowRun, why: str) -> None:
+        """Leave a run this code cannot replay to workers that carry its code."""
+        logger.warning("Run left to other workers: %s", why)
+        self.memo.forget(run.id)
+        self.states.wake_soon(run.id, NOT_CARRIED_RETRY)
+
     def _claim_new_step(
         self,
         recorder: StepRecorder,
@@ -214,7 +234,10 @@ class Replay:
         """Store the queued step a pass reached as claimed by its claimer, parking the run."""
         run, claimer = recorder.run, recorder.claimer
         assert claimer is not None
-        lease_ms = self._config().lease_ms_for_queue(options.queue)
+        lease_ms = capped_lease_ms(
+            self._config().lease_ms_for_queue(options.queue), options.timeout
+        )
+        claimed_at = time.monotonic()
         new = NewStep.of(run, name, StepKind.QUEUED, options, payload)
         stored = self.store.insert_claimed(
             new, lease_ms=lease_ms, worker=claimer.worker, park_wakes=seen_wakes
@@ -238,4 +261,6 @@ class Replay:
             lease_ms=lease_ms,
             queue=options.queue,
             carried=CarriedRun(run, recorder.steps),
+            claimed_at=claimed_at,
+            timeout=options.timeout,
         )

@@ -12,7 +12,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._branches import branch_settled
+from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._events import RunEvents
+from pikku_django.workflows._run_waits import announce_run_end
 from pikku_django.workflows.clock import Clock
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.store import WorkflowStore
@@ -90,7 +93,7 @@ class RunStates:
         self, run: WorkflowRun, status: str, *, output: Any = None, error: Any = None
     ) -> None:
         """End a running run (completed, failed) and settle the parent steps waiting on it."""
-        changed = self.store.finish_run(run.id, status, output, error)
+        changed = self.store.finish_run(run.id, status, output, error, wake_at=self.clock.now())
         if changed is None:
             with self.store.atomic():
                 changed = bool(
@@ -107,6 +110,7 @@ class RunStates:
                 if changed:
                     self.settle_parents(run.id, status, output, error)
         if changed:
+            announce_run_end(self.store.using, run.id, notifying=self.store.notifying)
             with log_context(workflow=run.workflow, run_id=str(run.id)):
                 if status == RunStatus.FAILED:
                     logger.warning("Run failed: %s", describe_error(error))
@@ -117,17 +121,15 @@ class RunStates:
     def settle_parents(self, child_id: uuid.UUID, status: str, output: Any, error: Any) -> None:
         """A child run ended: settle the parent steps waiting on it and wake their runs."""
         parents = list(self.store.steps().filter(child_run_id=child_id, status=StepStatus.RUNNING))
+        step_status, result, failure = child_step_outcome(child_id, status, output, error)
         for step in parents:
-            if status == RunStatus.COMPLETED:
-                self.finish_marker(step, StepStatus.SUCCEEDED, result=output)
-            else:
-                failure = error or {
-                    "type": "WorkflowCancelled",
-                    "message": f"Child run {child_id} was {status}",
-                    "code": "CHILD_" + status.upper(),
-                }
-                self.finish_marker(step, StepStatus.FAILED, error=failure, final=True)
-            self.wake(step.run_id)
+            self.finish_marker(
+                step, step_status, result=result, error=failure, final=failure is not None
+            )
+            if step.group_id is None or branch_settled(
+                self.store, step.group_id, failed=status != RunStatus.COMPLETED
+            ):
+                self.wake(step.run_id)
 
     def suspend(self, run: WorkflowRun, reason: str) -> None:
         changed = (

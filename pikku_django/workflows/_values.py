@@ -102,6 +102,8 @@ class StepOptions:
     backoff: str
     queue: str
     transactional: bool
+    #: Seconds one attempt may run (None: no limit).
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ class NewStep:
     transactional: bool
     #: Its run's priority (claimed highest first).
     priority: int = 0
+    #: Seconds one attempt may run (None: no limit).
+    timeout: float | None = None
 
     @classmethod
     def of(
@@ -137,6 +141,7 @@ class NewStep:
             queue=options.queue,
             transactional=options.transactional,
             priority=run.priority,
+            timeout=options.timeout,
         )
 
     def columns(self) -> dict[str, Any]:
@@ -153,6 +158,7 @@ class NewStep:
             "queue": self.queue,
             "transactional": self.transactional,
             "priority": self.priority,
+            "timeout": self.timeout,
         }
 
 
@@ -208,6 +214,8 @@ class ClaimedStep:
     carried: CarriedRun | None = field(default=None, compare=False, repr=False)
     #: When the claim was made (this process's monotonic clock): renewals count from it.
     claimed_at: float = field(default_factory=time.monotonic, compare=False, repr=False)
+    #: Seconds the attempt may run, from ``claimed_at`` (None: no limit).
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)

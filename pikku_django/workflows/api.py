@@ -9,6 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from pikku_django.models import WorkflowRun
+from pikku_django.workflows._sending import RunRef
+from pikku_django.workflows._signals_in import SentEvent
 from pikku_django.workflows.durations import Duration
 from pikku_django.workflows.engine import WorkflowEngine
 
@@ -43,6 +45,11 @@ def start_workflow(
     queue: str | None = None,
     start_at: datetime | None = None,
     delay: Duration | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+    deadline: datetime | None = None,
+    timeout: Duration | None = None,
+    debounce: Duration | None = None,
 ) -> WorkflowRun:
     """Start a run of ``workflow`` (its name or decorated function) and return it.
 
@@ -57,6 +64,16 @@ def start_workflow(
       ``ctx.do(..., queue=...)`` nor ``@step(queue=...)``); default ``"default"``.
     - ``start_at`` (a timezone-aware datetime) or ``delay`` (seconds, a timedelta
       or text like ``"10min"``), not both: no worker passes the run before then.
+    - ``concurrency_key`` (e.g. a customer id) and ``concurrency_limit`` (default 1):
+      runs sharing the key are in progress at most that many at a time; the others
+      wait, and start in start order as earlier ones end.
+    - ``deadline`` (a timezone-aware datetime) or ``timeout`` (a duration from the
+      run's start), not both: a run that has not ended by then fails with
+      ``WorkflowTimeoutError``, its waiting steps and child runs cancelled.
+
+    ``debounce`` (a duration; needs ``idempotency_key``) collapses the starts with
+    that key into one run that starts once no start has come for that long, with
+    the latest start's input; a start after its run has begun makes a new run.
     """
     return get_engine().start(
         workflow,
@@ -67,6 +84,11 @@ def start_workflow(
         queue=queue,
         start_at=start_at,
         delay=delay,
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
+        deadline=deadline,
+        timeout=timeout,
+        debounce=debounce,
     )
 
 
@@ -83,3 +105,75 @@ def cancel_workflow(run_id: uuid.UUID | str) -> WorkflowRun:
 def retry_workflow(run_id: uuid.UUID | str) -> WorkflowRun:
     """Retry a failed run from the step that failed it: one more attempt, history kept."""
     return get_engine().retry(run_id)
+
+
+def send_event(
+    run: RunRef, name: str, data: Any = None, *, event_id: str | None = None
+) -> SentEvent:
+    """Send the event ``name`` with ``data`` to a run: by id, as a row, or by
+    ``RunKey(workflow, idempotency_key)``.
+
+    Durable and idempotent by ``event_id`` (default: a new id each call): the same
+    id again changes nothing. A pending ``ctx.wait_for_event(name)`` of the run gets
+    it and the run is woken, in the caller's transaction; an event sent before its
+    wait is kept for it. Nothing is stored for a run that has ended.
+    """
+    return get_engine().send_event(run, name, data, event_id=event_id)
+
+
+def send_event_with_start(
+    workflow: str | Callable[..., Any],
+    idempotency_key: str,
+    name: str,
+    data: Any = None,
+    *,
+    input: Any = None,
+    event_id: str | None = None,
+    priority: int | None = None,
+    queue: str | None = None,
+) -> SentEvent:
+    """As :func:`send_event` to the run of ``workflow`` with ``idempotency_key``,
+    first starting it (with ``input``) when no run holds the key: concurrent
+    senders start one run, and each event reaches it."""
+    return get_engine().send_event_with_start(
+        workflow,
+        idempotency_key,
+        name,
+        data,
+        input=input,
+        event_id=event_id,
+        priority=priority,
+        queue=queue,
+    )
+
+
+def published_values(run_id: uuid.UUID | str) -> dict[str, Any]:
+    """The values a run has published with ``ctx.set_event``, by name."""
+    return get_engine().published_values(run_id)
+
+
+def wait_for_run(
+    run_id: uuid.UUID | str, timeout: float, *, poll_interval: float | None = None
+) -> WorkflowRun:
+    """Block until the run has ended (completed, failed or cancelled) and return it;
+    :class:`~pikku_django.workflows.RunWaitTimeoutError` after ``timeout`` seconds.
+    PostgreSQL wakes the wait with NOTIFY the moment the run ends; elsewhere it
+    polls every ``poll_interval`` seconds (default 0.2)."""
+    return get_engine().wait_for_run(run_id, timeout, poll_interval=poll_interval)
+
+
+async def await_run(
+    run_id: uuid.UUID | str, timeout: float, *, poll_interval: float | None = None
+) -> WorkflowRun:
+    """:func:`wait_for_run` for async code: waits in a worker thread (whose database
+    connections are closed when it is done), not on the event loop."""
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    def wait() -> WorkflowRun:
+        try:
+            return wait_for_run(run_id, timeout, poll_interval=poll_interval)
+        finally:
+            connections.close_all()
+
+    return await sync_to_async(wait, thread_sensitive=False)()

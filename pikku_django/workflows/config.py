@@ -12,7 +12,7 @@ from django.dispatch import receiver
 
 from pikku_django.conf import pikku_settings
 from pikku_django.workflows.durations import parse_duration
-from pikku_django.workflows.queues import QueueSettings, parse_queues
+from pikku_django.workflows.queues import QueueSettings, Rate, parse_queues
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class EngineConfig:
     pass_error_tries: int = 3
     #: Whether a worker thread carries a run on from the step it settled to its next pass.
     carry_runs: bool = True
+    #: Whether passes are limited to runs of the versions this code carries.
+    carried_versions_only: bool = False
 
     @classmethod
     def from_settings(cls, **overrides: Any) -> EngineConfig:
@@ -63,6 +65,7 @@ class EngineConfig:
             "prepared_statements": bool(s.PREPARED_STATEMENTS),
             "pass_error_tries": int(s.PASS_ERROR_TRIES),
             "carry_runs": bool(s.CARRY_RUNS),
+            "carried_versions_only": bool(s.WORKFLOW_CARRIED_VERSIONS_ONLY),
         }
         values.update(overrides)
         return cls(**values)
@@ -78,6 +81,15 @@ class EngineConfig:
         """At most how many of ``queue``'s steps run at once (None: no limit)."""
         declared = self.queues.get(queue)
         return None if declared is None else declared.concurrency
+
+    def rate_of(self, queue: str) -> Rate | None:
+        """At most how many of ``queue``'s steps are claimed per period (None: no limit)."""
+        declared = self.queues.get(queue)
+        return None if declared is None else declared.rate
+
+    def is_limited(self, queue: str) -> bool:
+        """Whether ``queue``'s claims are counted: it has a concurrency or rate limit."""
+        return self.concurrency_of(queue) is not None or self.rate_of(queue) is not None
 
 
 _lock = threading.Lock()

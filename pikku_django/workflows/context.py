@@ -13,16 +13,20 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
-from pikku_django.workflows import registry
+from pikku_django.workflows import _published, _signals_in, _versions, registry
+from pikku_django.workflows._fanout import ParallelGroup, open_group
 from pikku_django.workflows._inline_steps import fresh
 from pikku_django.workflows._options import retry_delay_for
+from pikku_django.workflows._run_options import check_aware
 from pikku_django.workflows._values import Pause, StepOptions
 from pikku_django.workflows.durations import Duration, parse_duration
 from pikku_django.workflows.errors import (
     NonDeterministicWorkflowError,
     StepFailedError,
+    SuspendTimeoutError,
     WorkflowDefinitionError,
 )
+from pikku_django.workflows.registry import check_timeout
 
 if TYPE_CHECKING:
     from pikku_django.workflows._recorder import StepRecorder
@@ -39,10 +43,17 @@ class WorkflowContext:
         self.run_id = recorder.run.id
         self.input = fresh(recorder.run.input)
         self._seen: defaultdict[str, int] = defaultdict(int)
+        #: Whether the run recorded ctx.patched markers (read once a pass, when needed).
+        self._patch_markers: bool | None = None
+        #: This pass's parallel groups: their new branches are stored at the next step.
+        self._groups: list[ParallelGroup] = []
 
     # -- naming -----------------------------------------------------------------
 
-    def _step_name(self, name: object, *, internal: bool = False) -> str:
+    def _step_name(self, name: object, *, internal: bool = False, branch: bool = False) -> str:
+        if not branch:
+            for group in self._groups:
+                group.flush()
         if not isinstance(name, str) or not name:
             raise WorkflowDefinitionError(f"A step name must be a non-empty str, got {name!r}")
         if "#" in name and not internal:
@@ -59,12 +70,15 @@ class WorkflowContext:
     def _existing(self, name: str, kind: str, function: str) -> WorkflowStep | None:
         step = self._recorder.recorded(name)
         if step is None:
+            _versions.check_no_unknown_patch(self, name)
             return None
         if step.kind != kind or (function and step.function and step.function != function):
+            _versions.check_no_unknown_patch(self, name)
             raise NonDeterministicWorkflowError(
                 f"Step {name!r} was recorded as {step.kind} {step.function!r} but the workflow "
                 f"now makes it {kind} {function!r}: a workflow must call the same steps, in "
-                f"the same order, on every replay"
+                f"the same order, on every replay. To change a workflow that has runs in "
+                f"flight, branch on ctx.patched('change-id')"
             )
         return step
 
@@ -83,6 +97,7 @@ class WorkflowContext:
         queued: bool | None = None,
         queue: str | None = None,
         transactional: bool | None = None,
+        timeout: Duration | None = None,
     ) -> Any:
         """Run a step once and return its result on every replay.
 
@@ -91,6 +106,8 @@ class WorkflowContext:
         child run; the result is its output), or any other callable (run
         inline, in this pass). On the last failed attempt, ``on_error(error)``
         runs as a step of its own and then :class:`StepFailedError` is raised.
+        ``timeout`` fails an attempt that runs longer (StepTimeoutError, retried by
+        its policy); the function itself is not interrupted.
         """
         step_name = self._step_name(name)
         child = registry.get_workflow(fn) if _may_be_workflow(fn) else None
@@ -104,6 +121,7 @@ class WorkflowContext:
             queued=queued,
             queue=queue,
             transactional=transactional,
+            timeout=timeout,
         )
         step = self._existing(step_name, options.kind, options.function)
         try:
@@ -154,10 +172,13 @@ class WorkflowContext:
         else:
             self._queued(step_name, step, options, data)
 
-    def sleep(self, name: str, duration: Duration) -> None:
-        """Wait ``duration`` (seconds, a timedelta or text like "5min") durably."""
+    def sleep(
+        self, name: str, duration: Duration | None = None, *, until: datetime | None = None
+    ) -> None:
+        """Wait ``duration`` (seconds, a timedelta or text like "5min"), or ``until`` a
+        timezone-aware time, durably (a time already past returns at once)."""
         step_name = self._step_name(name)
-        seconds = parse_duration(duration, what="sleep duration")
+        seconds = self._sleep_seconds(duration, until)
         step = self._existing(step_name, StepKind.SLEEP, "")
         if step is None:
             step = self._recorder.start_sleep(step_name, seconds)
@@ -169,16 +190,67 @@ class WorkflowContext:
             return
         raise Pause(due)
 
-    def suspend(self, reason: str = "", *, name: str = "suspend") -> Any:
-        """Suspend the run until ``resume_workflow(run_id, data)``; returns that data."""
+    def sleep_until(self, name: str, when: datetime) -> None:
+        """Wait durably until ``when`` (timezone-aware): ``sleep(name, until=when)``."""
+        self.sleep(name, until=when)
+
+    def _sleep_seconds(self, duration: Duration | None, until: datetime | None) -> float:
+        if (duration is None) == (until is None):
+            raise WorkflowDefinitionError(
+                "ctx.sleep takes a duration or until= (a time), exactly one of them"
+            )
+        if until is not None:
+            check_aware(until, "until")
+            return max(0.0, (until - self._recorder.now()).total_seconds())
+        return parse_duration(duration, what="sleep duration")
+
+    def suspend(
+        self, reason: str = "", *, name: str = "suspend", timeout: Duration | None = None
+    ) -> Any:
+        """Suspend the run until ``resume_workflow(run_id, data)``; returns that data.
+
+        With ``timeout``, a suspension not resumed that long after it began ends
+        with :class:`SuspendTimeoutError` raised here instead (catch it to go on).
+        """
         step_name = self._step_name(name)
+        seconds = None if timeout is None else check_timeout(timeout)
         step = self._existing(step_name, StepKind.SUSPEND, "")
         if step is None:
-            step = self._recorder.start_suspension(step_name, str(reason))
+            step = self._recorder.start_suspension(step_name, str(reason), seconds)
         if step.status == StepStatus.SUCCEEDED:
             return fresh(step.result)
+        if step.status == StepStatus.FAILED:
+            raise SuspendTimeoutError(step.name, step.timeout or 0.0)
         self._recorder.suspend_at(step)
         raise Pause(None)
+
+    def wait_for_event(self, name: str, *, timeout: Duration | None = None) -> Any:
+        """Wait durably for the event ``name`` sent to this run (``send_event``): its
+        data, or :data:`~pikku_django.workflows.TIMED_OUT` once ``timeout`` passed.
+        An event sent before the wait is kept for it."""
+        return _signals_in.wait_for_event(self, name, timeout)
+
+    def set_event(self, name: str, value: Any) -> None:
+        """Publish ``value`` under ``name``: callers read it (``published_values``)
+        and the status stream carries it."""
+        _published.set_event(self, name, value)
+
+    def set_progress(self, value: Any) -> None:
+        """Publish ``value`` as the run's ``progress``."""
+        _published.set_event(self, _published.PROGRESS, value)
+
+    def patched(self, change_id: str) -> bool:
+        """True for a run that reaches this point under code with the change
+        ``change_id``, False for a run that was already past it under older code;
+        the same on every replay, so both paths replay."""
+        return _versions.patched(self, change_id)
+
+    def parallel(self, name: str = "parallel") -> ParallelGroup:
+        """A group of steps and child runs started without waiting for each:
+        ``group.do(...)`` starts a branch, ``group.join()`` waits for them all."""
+        group = open_group(self, name)
+        self._groups.append(group)
+        return group
 
     def now(self) -> datetime:
         """The engine clock's time (use a step for anything you need replayed identically)."""

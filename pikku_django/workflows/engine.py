@@ -30,14 +30,20 @@ from pikku_django.leases import HeldLease, LeaseService, hold_lease
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
 from pikku_django.workflows import registry
 from pikku_django.workflows._claims import Claims
+from pikku_django.workflows._deadlines import RunDeadlines
+from pikku_django.workflows._debounce import check_debounce
 from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows._execution import Execution
 from pikku_django.workflows._inline import InlineDriver
 from pikku_django.workflows._inline_steps import InlineSteps
 from pikku_django.workflows._lifecycle import RunLifecycle
+from pikku_django.workflows._published import published_values
 from pikku_django.workflows._replay import Replay
 from pikku_django.workflows._run_options import resolve_run_options
+from pikku_django.workflows._run_waits import wait_for_run
 from pikku_django.workflows._runs import LEASE_TAKEN_RETRY, RunStates
+from pikku_django.workflows._sending import EventSender, RunRef
+from pikku_django.workflows._signals_in import SentEvent
 from pikku_django.workflows._values import (
     CarriedRun,
     ClaimedStep,
@@ -112,6 +118,8 @@ class WorkflowEngine:
         self._inline_steps = InlineSteps(self._states, self._claims, self._execution)
         self._replay = Replay(self._inline_steps, settings, self.run_lease)
         self._driver = InlineDriver(self._claims, self._execution, self.orchestrate, self.get_run)
+        self._sender = EventSender(self._states, self._lifecycle, self.drive_inline)
+        self._deadlines = RunDeadlines(self._states, self.cancel, self.drive_inline)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -150,17 +158,19 @@ class WorkflowEngine:
         queue: str | None = None,
         start_at: datetime | None = None,
         delay: Duration | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        deadline: datetime | None = None,
+        timeout: Duration | None = None,
+        debounce: Duration | None = None,
     ) -> WorkflowRun:
         """Create a run (or return the one with this idempotency key) and wake it;
         ``inline`` runs it to an end in this process first. ``priority``, ``queue``,
-        ``start_at`` and ``delay`` override the workflow's defaults (see
-        :func:`~pikku_django.workflows.start_workflow`)."""
-        definition = registry.get_workflow(workflow)
-        if definition is None:
-            raise WorkflowNotFoundError(
-                f"No workflow is registered as {workflow!r}. Registered: "
-                f"{', '.join(registry.workflow_names()) or 'none'}"
-            )
+        ``start_at``, ``delay``, the concurrency key and limit, ``deadline``,
+        ``timeout`` and ``debounce`` are as
+        :func:`~pikku_django.workflows.start_workflow` describes them."""
+        definition = self._definition(workflow)
+        window = check_debounce(debounce, idempotency_key, inline)
         options = resolve_run_options(
             definition,
             self.clock.now(),
@@ -169,11 +179,32 @@ class WorkflowEngine:
             start_at=start_at,
             delay=delay,
             inline=inline,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            input=input,
+            deadline=deadline,
+            timeout=timeout,
+            debounce=window,
         )
         run, created = self._lifecycle.start(
-            definition, input, idempotency_key=idempotency_key, inline=inline, options=options
+            definition,
+            input,
+            idempotency_key=idempotency_key,
+            inline=inline,
+            options=options,
+            debounced=window is not None,
         )
         return self.drive_inline(run.id) if inline and created else run
+
+    @staticmethod
+    def _definition(workflow: str | Callable[..., Any]) -> registry.WorkflowDefinition:
+        definition = registry.get_workflow(workflow)
+        if definition is None:
+            raise WorkflowNotFoundError(
+                f"No workflow is registered as {workflow!r}. Registered: "
+                f"{', '.join(registry.workflow_names()) or 'none'}"
+            )
+        return definition
 
     def create_runs(self, runs: Sequence[NewRun]) -> list[uuid.UUID]:
         """Create runs of registered workflows, due now (or after their workflow's
@@ -196,7 +227,7 @@ class WorkflowEngine:
         definition = registry.get_workflow(new.workflow)
         if definition is None or new.options is not None:
             return new
-        return replace(new, options=resolve_run_options(definition, now))
+        return replace(new, options=resolve_run_options(definition, now, input=new.input))
 
     def create_run(
         self, workflow: str, payload: Any, *, idempotency_key: str | None = None
@@ -243,6 +274,45 @@ class WorkflowEngine:
         if run.inline:
             return self.drive_inline(run.id)
         return self.get_run(run.id)
+
+    # -- events, published values, waiting for a run ------------------------------------
+
+    def send_event(
+        self, run: RunRef, name: str, data: Any = None, *, event_id: str | None = None
+    ) -> SentEvent:
+        """Send the event ``name`` to a run (see :func:`~pikku_django.workflows.send_event`)."""
+        return self._sender.send(run, name, data, event_id)
+
+    def send_event_with_start(
+        self,
+        workflow: str | Callable[..., Any],
+        idempotency_key: str,
+        name: str,
+        data: Any = None,
+        *,
+        input: Any = None,
+        event_id: str | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+    ) -> SentEvent:
+        """Send an event to the run of ``idempotency_key``, starting it when none holds it."""
+        definition = self._definition(workflow)
+        options = resolve_run_options(definition, self.clock.now(), priority=priority, queue=queue)
+        return self._sender.send_with_start(
+            definition, idempotency_key, name, data, input=input, event_id=event_id, options=options
+        )
+
+    def published_values(self, run_id: uuid.UUID | str) -> dict[str, Any]:
+        """The values the run has published with ``ctx.set_event``, by name."""
+        return published_values(self.store, run_id)
+
+    def wait_for_run(
+        self, run_id: uuid.UUID | str, timeout: float, *, poll_interval: float | None = None
+    ) -> WorkflowRun:
+        """The run once it has ended; RunWaitTimeoutError after ``timeout`` seconds."""
+        return wait_for_run(
+            self.using, run_id, timeout, poll_interval, notifying=self.store.notifying
+        )
 
     # -- orchestration ----------------------------------------------------------
 
@@ -328,6 +398,24 @@ class WorkflowEngine:
         """
         return self._execution.execute_step(claimed, wake=Wake.of(wake))
 
+    def step_attempt_started(self, claimed: ClaimedStep) -> tuple[Any, float]:
+        """Announce that a claimed step's attempt starts (signals, span): the token
+        :meth:`settle_step_call` takes, for a step whose function is called elsewhere."""
+        return self._execution.attempt_started(claimed)
+
+    def settle_step_call(
+        self,
+        claimed: ClaimedStep,
+        started: tuple[Any, float],
+        *,
+        value: Any = None,
+        error: Exception | None = None,
+    ) -> StepOutcome:
+        """Record what a claimed step's function returned or raised, fenced by its
+        attempt, as :meth:`execute_step` does; its run is woken for any worker."""
+        info, began = started
+        return self._execution.settle_call(claimed, Wake.NOW, info, began, value=value, error=error)
+
     # -- finding work --------------------------------------------------------------
 
     def claim_due_runs(self, limit: int = 1) -> list[uuid.UUID]:
@@ -339,6 +427,15 @@ class WorkflowEngine:
     ) -> list[ClaimedStep]:
         """Claim queued steps that are ready: scheduled, due for retry, or whose claim lapsed."""
         return self._claims.due_steps(queues, limit, worker)
+
+    def enforce_deadlines(self, limit: int = 100) -> int:
+        """Fail the runs past their deadline and time out the suspensions past theirs:
+        how many were (workers do this on every look for due work)."""
+        return self._deadlines.enforce(limit)
+
+    def deadlines_due(self) -> bool:
+        """Whether a run's deadline or a suspension's timeout is past now."""
+        return self._deadlines.has_due()
 
     def start_waiting_runs(self, limit: int = 100) -> int:
         """Start the runs that registered intakes (stored webhook events...) hold for

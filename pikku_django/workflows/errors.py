@@ -94,6 +94,45 @@ class WorkflowStepLeaseExpiredError(WorkflowError):
         self.attempts = attempts
 
 
+class StepTimeoutError(WorkflowError):
+    """A step's attempt ran past its ``timeout``: it is failed, and retried by its policy.
+
+    The function's Python code is not interrupted; what it returns late is refused.
+    """
+
+    code = "STEP_TIMEOUT"
+
+    def __init__(self, step: str, attempt: int, timeout: float) -> None:
+        super().__init__(f"Attempt {attempt} of step {step!r} ran past its timeout of {timeout:g}s")
+        self.step = step
+        self.attempt = attempt
+        self.timeout = timeout
+
+
+class WorkflowTimeoutError(WorkflowError):
+    """A run passed its deadline: it failed, and its waiting steps and child runs were
+    cancelled."""
+
+    code = "RUN_TIMEOUT"
+
+    def __init__(self, run_id: object, deadline: object) -> None:
+        super().__init__(f"Run {run_id} passed its deadline of {deadline}")
+        self.run_id = run_id
+        self.deadline = deadline
+
+
+class SuspendTimeoutError(WorkflowError):
+    """A ``ctx.suspend(..., timeout=...)`` was not resumed in time; raised inside the
+    workflow function, which may catch it."""
+
+    code = "SUSPEND_TIMEOUT"
+
+    def __init__(self, step: str, timeout: float) -> None:
+        super().__init__(f"Suspension {step!r} was not resumed within {timeout:g}s")
+        self.step = step
+        self.timeout = timeout
+
+
 def serialize_error(exc: BaseException) -> dict[str, Any]:
     """An exception as stored: type, message, traceback, and a code when it has one."""
     cls = type(exc)
@@ -108,3 +147,18 @@ def serialize_error(exc: BaseException) -> dict[str, Any]:
     if isinstance(code, str):
         data["code"] = code
     return data
+
+
+class UnknownPatchError(NonDeterministicWorkflowError):
+    """The run took a ``ctx.patched`` branch this code does not have: another
+    worker, with the code that does, passes it."""
+
+
+class RunWaitTimeoutError(WorkflowError, TimeoutError):
+    """``wait_for_run`` gave up: the run had not ended within its timeout."""
+
+    def __init__(self, run_id: object, status: str, timeout: float) -> None:
+        super().__init__(f"Run {run_id} is still {status} after {timeout:g}s")
+        self.run_id = run_id
+        self.status = status
+        self.timeout = timeout

@@ -46,6 +46,14 @@ class Intake(Protocol):
         ...
 
 
+def seconds_until_due(intake: Intake, engine: RunStarter) -> float | None:
+    """When ``intake`` says its next item falls due, in seconds from now (an optional
+    ``seconds_until_due(engine)`` method: a worker then looks again by that time
+    rather than a poll interval later), or None."""
+    hint = getattr(intake, "seconds_until_due", None)
+    return hint(engine) if callable(hint) else None
+
+
 _lock = threading.Lock()
 _intakes: dict[str, Intake] = {}
 

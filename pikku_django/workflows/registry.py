@@ -12,8 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
+from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 
+from pikku_django.workflows._concurrency import (
+    KeyDefault,
+    check_concurrency_limit,
+    check_key_default,
+)
+from pikku_django.workflows._version_ids import check_version, code_version
 from pikku_django.workflows.durations import Duration, parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,6 +53,22 @@ class WorkflowDefinition:
     schedule: str | None = None
     #: The time zone ``schedule`` is read in (None: PIKKU['SCHEDULE_TIMEZONE']).
     timezone: str | None = None
+    #: The version its new runs record: declared, or a hash of its code.
+    version: str = ""
+    #: Older versions whose runs this code also replays (a worker limited to the
+    #: versions it carries passes these too).
+    replays: tuple[str, ...] = ()
+    #: Its runs' concurrency key: text, or a function of the input (None: no key).
+    concurrency_key: KeyDefault | None = None
+    #: How many runs sharing a key may be in progress at once.
+    concurrency_limit: int = 1
+    #: Seconds from a start to its run's deadline (None: no deadline).
+    timeout: float | None = None
+
+    @property
+    def carried_versions(self) -> frozenset[str]:
+        """The versions of runs this code may pass: its own and those it replays."""
+        return frozenset((self.version, *self.replays))
 
 
 @dataclass(frozen=True)
@@ -59,16 +82,46 @@ class StepDefinition:
     retry_delay: float | None = None
     backoff: str | None = None
     transactional: bool = False
+    #: Seconds each attempt may run before it is failed with StepTimeoutError.
+    timeout: float | None = None
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is an ``async def`` (a worker runs it on its event loop)."""
+        return iscoroutinefunction(self.fn)
 
     def call(self, data: Any) -> Any:
         return call_step_function(self.fn, data)
 
 
 def call_step_function(fn: Callable[..., Any], data: Any) -> Any:
-    """Call ``fn(data)``, or ``fn()`` when it takes no argument."""
+    """Call ``fn(data)``, or ``fn()`` when it takes no argument; an ``async def``
+    function is run to its end on this thread (see :func:`acall_step_function`)."""
+    if iscoroutinefunction(fn):
+        return async_to_sync(acall_step_function)(fn, data)
     if _takes_no_arguments(fn):
         return fn()
     return fn(data)
+
+
+async def acall_step_function(fn: Callable[..., Any], data: Any) -> Any:
+    """Await ``fn(data)`` (or ``fn()``) of an ``async def`` step function."""
+    return await (fn() if _takes_no_arguments(fn) else fn(data))
+
+
+def check_not_async_transactional(fn: Callable[..., Any], what: str) -> None:
+    """TypeError for ``transactional=True`` on an ``async def`` step function.
+
+    A transaction belongs to one thread's connection, and an async function's
+    database calls run on other threads between its awaits: its writes could not
+    commit together with its result.
+    """
+    if iscoroutinefunction(fn):
+        raise TypeError(
+            f"{what} is an async def function and cannot be transactional=True: its "
+            "database calls run on other threads than the step's transaction. Make it a "
+            "plain def function to run it in one transaction, or drop transactional."
+        )
 
 
 def _takes_no_arguments(fn: Callable[..., Any]) -> bool:
@@ -115,6 +168,11 @@ def workflow(
     delay: Duration | None = None,
     schedule: str | None = None,
     timezone: str | None = None,
+    version: str | None = None,
+    replays: tuple[str, ...] | list[str] = (),
+    concurrency_key: KeyDefault | None = None,
+    concurrency_limit: int = 1,
+    timeout: Duration | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -128,6 +186,11 @@ def workflow(
     delay: Duration | None = None,
     schedule: str | None = None,
     timezone: str | None = None,
+    version: str | None = None,
+    replays: tuple[str, ...] | list[str] = (),
+    concurrency_key: KeyDefault | None = None,
+    concurrency_limit: int = 1,
+    timeout: Duration | None = None,
 ) -> Any:
     """Register ``fn(ctx, input)`` as a workflow, under ``name`` or its function name.
 
@@ -137,20 +200,55 @@ def workflow(
     first pass may be claimed) are its runs' defaults; ``start_workflow`` may
     override each. ``schedule`` (a cron expression, read in ``timezone``) starts a
     run on each tick, under the workflow's name as the schedule's name.
+    ``version`` is recorded on each new run (default: a hash of the function's
+    code); ``replays`` names older versions this code also replays (with
+    ``ctx.patched``), for workers limited to the versions they carry.
+    ``concurrency_key`` (text, or a function of the input returning it) makes runs
+    sharing a key run ``concurrency_limit`` (default 1) at a time, in start order.
+    ``timeout`` gives each run a deadline that long after its start (see
+    ``start_workflow(timeout=...)``).
     """
     check_priority(priority)
     if queue is not None:
         check_queue(queue)
     wait = None if delay is None else check_delay(delay)
+    try:
+        key = None if concurrency_key is None else check_key_default(concurrency_key)
+        check_concurrency_limit(concurrency_limit)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"workflow {exc}") from None
+    run_timeout = None if timeout is None else check_timeout(timeout)
     for option, value in (("schedule", schedule), ("timezone", timezone)):
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ImproperlyConfigured(f"workflow {option}= must be a non-empty str, not {value!r}")
     if timezone is not None and schedule is None:
         raise ImproperlyConfigured("workflow timezone= is only meaningful with schedule=")
+    declared = None if version is None else check_version(version, "version")
+    older = tuple(check_version(v, "replays") for v in replays)
 
     def register(func: F) -> F:
+        if iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"Workflow {_identity(func)} is an async def function: a workflow body is "
+                "replayed synchronously on every pass. Keep the body a plain def function "
+                "and make its steps async def (@step async functions run on the worker's "
+                "event loop)."
+            )
         wf_name = _check_name(name or func.__name__, "workflow")
-        definition = WorkflowDefinition(wf_name, func, priority, queue, wait, schedule, timezone)
+        definition = WorkflowDefinition(
+            wf_name,
+            func,
+            priority,
+            queue,
+            wait,
+            schedule,
+            timezone,
+            declared or code_version(func),
+            older,
+            key,
+            concurrency_limit,
+            run_timeout,
+        )
         _register(_workflows, wf_name, definition, "workflow")
         func.__pikku_workflow__ = wf_name  # type: ignore[attr-defined]
         return func
@@ -169,6 +267,7 @@ def step(
     retry_delay: Duration | None = None,
     backoff: str | None = None,
     transactional: bool = False,
+    timeout: Duration | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -182,22 +281,27 @@ def step(
     retry_delay: Duration | None = None,
     backoff: str | None = None,
     transactional: bool = False,
+    timeout: Duration | None = None,
 ) -> Any:
     """Register ``fn(data)`` as a step function that workers run, by name.
 
-    ``queue``, ``retries``, ``retry_delay``, ``backoff`` and ``transactional``
-    are its defaults; ``ctx.do(...)`` may override each.
+    ``queue``, ``retries``, ``retry_delay``, ``backoff``, ``transactional`` and
+    ``timeout`` (how long one attempt may run) are its defaults; ``ctx.do(...)``
+    may override each.
     """
     if retries is not None:
         check_retries(retries)
     delay = None if retry_delay is None else parse_duration(retry_delay, what="retry_delay")
     if backoff is not None:
         check_backoff(backoff)
+    attempt_timeout = None if timeout is None else check_timeout(timeout)
 
     def register(func: F) -> F:
         step_name = _check_name(name or func.__name__, "step")
+        if transactional:
+            check_not_async_transactional(func, f"Step {step_name!r}")
         definition = StepDefinition(
-            step_name, func, queue, retries, delay, backoff, bool(transactional)
+            step_name, func, queue, retries, delay, backoff, bool(transactional), attempt_timeout
         )
         _register(_steps, step_name, definition, "step function")
         func.__pikku_step__ = step_name  # type: ignore[attr-defined]
@@ -239,6 +343,14 @@ def check_queue(queue: object) -> str:
 def check_delay(delay: object) -> float:
     """``delay`` (seconds, a timedelta or text like "5m") in seconds, 0 or more."""
     return parse_duration(delay, what="delay")
+
+
+def check_timeout(timeout: object, what: str = "timeout") -> float:
+    """``timeout`` (seconds, a timedelta or text like "30s") in seconds, more than 0."""
+    seconds = parse_duration(timeout, what=what)
+    if seconds <= 0:
+        raise ValueError(f"{what} must be more than 0 seconds, not {timeout!r}")
+    return seconds
 
 
 def check_backoff(backoff: object) -> str:

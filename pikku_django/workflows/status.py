@@ -6,6 +6,7 @@ import contextlib
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,8 @@ class RunSnapshot:
     steps: tuple[tuple[str, str, int], ...]  # (name, status, attempt)
     output: Any = None
     error: Any = None
+    #: The values the run published (``ctx.set_event``), by name.
+    published: Any = None
 
     @property
     def terminal(self) -> bool:
@@ -38,7 +41,11 @@ class RunSnapshot:
         return self.status == RunStatus.SUSPENDED
 
     def changes_from(self, other: RunSnapshot | None) -> bool:
-        return other is None or (self.status, self.steps) != (other.status, other.steps)
+        return other is None or (self.status, self.steps, self.published) != (
+            other.status,
+            other.steps,
+            other.published,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -50,6 +57,8 @@ class RunSnapshot:
                 for name, status, attempt in self.steps
             ],
         }
+        if self.published:
+            data["published"] = self.published
         if self.suspended:
             data["reason"] = self.suspend_reason
         if self.terminal:
@@ -67,7 +76,7 @@ def snapshot(run_id: uuid.UUID | str, using: str) -> RunSnapshot | None:
     run = (
         WorkflowRun.objects.using(using)
         .filter(id=run_id)
-        .only("workflow", "status", "suspend_reason", "output", "error")
+        .only("workflow", "status", "suspend_reason", "output", "error", "published")
         .first()
     )
     if run is None:
@@ -86,6 +95,7 @@ def snapshot(run_id: uuid.UUID | str, using: str) -> RunSnapshot | None:
         steps=steps,
         output=run.output,
         error=run.error,
+        published=run.published,
     )
 
 
@@ -97,6 +107,20 @@ class WorkNotifications:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._subscribers: set[Callable[[], None]] = set()
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (on the listening thread) on each notification, until the
+        function returned is called. Without LISTEN (not PostgreSQL) it is never called."""
+        self._ensure_listening()
+        with self._lock:
+            self._subscribers.add(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers.discard(callback)
+
+        return unsubscribe
 
     def wait(self, timeout: float) -> None:
         """Return on the next notification, or after ``timeout`` seconds."""
@@ -129,6 +153,10 @@ class WorkNotifications:
                     for _ in raw.notifies(timeout=5.0, stop_after=1):
                         with self._changed:
                             self._changed.notify_all()
+                        with self._lock:
+                            subscribers = list(self._subscribers)
+                        for callback in subscribers:
+                            callback()
             except Exception:
                 logger.warning("LISTEN for the status stream failed; retrying", exc_info=True)
                 time.sleep(1.0)

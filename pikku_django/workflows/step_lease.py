@@ -11,6 +11,7 @@ from typing import Protocol
 from django.db import connections
 
 from pikku_django.timers import call_later
+from pikku_django.workflows._timeouts import renewal_ms
 from pikku_django.workflows._values import ClaimedStep
 from pikku_django.workflows.logcontext import workflow_logger
 
@@ -33,13 +34,8 @@ def renewal_interval_s(lease_ms: int) -> float:
     return max(0.001, lease_ms / 2 / 1000)
 
 
-@contextmanager
-def keep_step_lease(engine: LeaseRefresher, claimed: ClaimedStep) -> Iterator[threading.Event]:
-    """Renew a claimed step's lease every half lease while the block runs.
-
-    Yields an Event set once a renewal reports that a newer attempt replaced
-    this one; renewal then stops (the attempt's writes will be refused).
-    """
+def warn_if_short(claimed: ClaimedStep) -> None:
+    """Warn once per process that a step lease is under a second."""
     global _warned_short_lease
     if claimed.lease_ms < SHORT_LEASE_MS and not _warned_short_lease:
         _warned_short_lease = True
@@ -49,6 +45,21 @@ def keep_step_lease(engine: LeaseRefresher, claimed: ClaimedStep) -> Iterator[th
             claimed.queue,
             claimed.lease_ms // 2,
         )
+
+
+def first_renewal_in(claimed: ClaimedStep) -> float:
+    """Seconds until the first renewal of ``claimed`` is due: half a lease after the claim."""
+    return max(0.0, renewal_interval_s(claimed.lease_ms) - (time.monotonic() - claimed.claimed_at))
+
+
+@contextmanager
+def keep_step_lease(engine: LeaseRefresher, claimed: ClaimedStep) -> Iterator[threading.Event]:
+    """Renew a claimed step's lease every half lease while the block runs.
+
+    Yields an Event set once a renewal reports that a newer attempt replaced
+    this one; renewal then stops (the attempt's writes will be refused).
+    """
+    warn_if_short(claimed)
     superseded = threading.Event()
     stop = threading.Event()
     lock = threading.Lock()
@@ -62,10 +73,11 @@ def keep_step_lease(engine: LeaseRefresher, claimed: ClaimedStep) -> Iterator[th
             renewing.append(threading.current_thread())
         try:
             while True:
+                lease_ms = renewal_ms(claimed)
+                if lease_ms is None:
+                    return  # past its timeout: the lease lapses at the deadline
                 try:
-                    held = engine.refresh_step_lease(
-                        claimed.step_id, claimed.lease_ms, claimed.attempt
-                    )
+                    held = engine.refresh_step_lease(claimed.step_id, lease_ms, claimed.attempt)
                 except Exception:
                     logger.warning(
                         "Renewing the lease of step %s failed; will retry",
@@ -91,8 +103,7 @@ def keep_step_lease(engine: LeaseRefresher, claimed: ClaimedStep) -> Iterator[th
 
     # No thread until the first renewal is due (half a lease after the claim, not
     # after this block began): most steps finish before it.
-    first = max(0.0, interval - (time.monotonic() - claimed.claimed_at))
-    timer = call_later(first, renew, name=f"pikku-step-lease:{claimed.step_id}")
+    timer = call_later(first_renewal_in(claimed), renew, name=f"pikku-step-lease:{claimed.step_id}")
     try:
         yield superseded
     finally:

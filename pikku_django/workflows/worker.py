@@ -17,12 +17,13 @@ from pikku_django._version import __version__
 from pikku_django.conf import pikku_settings
 from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError, hold_lease
 from pikku_django.models import RunStatus
+from pikku_django.workflows._aio import AsyncSteps, is_async_step
 from pikku_django.workflows._connections import release_connections
 from pikku_django.workflows._heartbeat import WorkerHeartbeats
 from pikku_django.workflows._listen import listen_for_work
 from pikku_django.workflows._values import StepOutcome, Wake
 from pikku_django.workflows.engine import CarriedRun, ClaimedStep, StepClaimer, WorkflowEngine
-from pikku_django.workflows.intake import intakes
+from pikku_django.workflows.intake import intakes, seconds_until_due
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.step_lease import keep_step_lease
 
@@ -108,6 +109,13 @@ class Worker:
         self._intake_waiting.set()
         self._intake_lock = threading.Lock()
         self._next_intake_look = 0.0
+        #: The event loop of ``async def`` steps, started when the first one is claimed.
+        self.async_steps = AsyncSteps(
+            engine,
+            limit=int(pikku_settings.ASYNC_CONCURRENCY),
+            on_start=self._began,
+            on_done=self._async_done,
+        )
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -141,6 +149,7 @@ class Worker:
                 if self.heartbeats.due():
                     self.heartbeats.beat(self.in_flight())
             self.stopping.set()
+            self.async_steps.close(self.shutdown_timeout)
             if listener is not None:
                 listener.join(timeout=10)
             self._report()
@@ -304,6 +313,9 @@ class Worker:
                 if linked >= INTAKE_BATCH:  # there may be more
                     self._intake_waiting.set()
                 started += linked
+                due = seconds_until_due(intake, self.engine)  # e.g. a cron schedule's tick
+                if due is not None:
+                    self._next_intake_look = min(self._next_intake_look, time.monotonic() + due)
             return started
         finally:
             self._intake_lock.release()
@@ -338,6 +350,13 @@ class Worker:
         owed = False  # a step settled for this thread to pass its run next
         try:
             while True:
+                if claimed is not None and is_async_step(claimed):
+                    # Run on the event loop; its settle wakes the run for any worker.
+                    if held is not None:
+                        self._give_back(held)
+                        held = None
+                    self.async_steps.submit(claimed)
+                    return done + 1
                 if claimed is not None:
                     chain = not self.stopping.is_set() and time.monotonic() < until
                     # Held across the step only when the step's claim outlives the run
@@ -410,12 +429,8 @@ class Worker:
             logger.info("Run lease %s had lapsed when it was given back", held.key)
 
     def _execute(self, claimed: ClaimedStep, *, wake: Wake) -> StepOutcome:
-        with self._lock:
-            self._in_flight[claimed.step_id] = claimed
+        self._began(claimed)
         outcome = StepOutcome.FAILED
-        self._count("claimed")
-        if claimed.reclaimed:
-            self._count("recovered")
         try:
             with (
                 log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt),
@@ -423,11 +438,26 @@ class Worker:
             ):
                 outcome = self.engine.execute_step(claimed, wake=wake)
         finally:
-            self._count(_COUNTED.get(outcome, "failed"))
-            with self._lock:
-                self._in_flight.pop(claimed.step_id, None)
-        self.steps += 1
+            self._ended(claimed, outcome)
         return outcome
+
+    def _began(self, claimed: ClaimedStep) -> None:
+        with self._lock:
+            self._in_flight[claimed.step_id] = claimed
+        self._count("claimed")
+        if claimed.reclaimed:
+            self._count("recovered")
+
+    def _ended(self, claimed: ClaimedStep, outcome: StepOutcome) -> None:
+        self._count(_COUNTED.get(outcome, "failed"))
+        with self._lock:
+            self._in_flight.pop(claimed.step_id, None)
+            self.steps += 1
+
+    def _async_done(self, claimed: ClaimedStep, outcome: StepOutcome) -> None:
+        """An async step settled: count it, and wake the threads for its run's pass."""
+        self._ended(claimed, outcome)
+        self._wake_all()
 
     def _seconds_until_next_due(self) -> float:
         """Seconds until the earliest step lease lapses, retry or sleep falls due, or run
@@ -441,7 +471,7 @@ class Worker:
         # Only what falls due later counts: anything already due that this thread
         # could not claim (taken by another worker, or its run was cancelled) must
         # not make it spin.
-        waits = [self.poll_interval]
+        waits = [self.poll_interval, self._next_intake_look - time.monotonic()]
         if due.lapse_in_ms is not None:
             waits.append(due.lapse_in_ms / 1000)
         for at in (due.step_due, due.run_due):
@@ -452,7 +482,8 @@ class Worker:
     def _all_idle(self, index: int) -> bool:
         with self._lock:
             self._idle.add(index)
-            if len(self._idle) < self.concurrency:
+            # An async step in flight settles later, on the loop: not idle before it has.
+            if len(self._idle) < self.concurrency or self.async_steps.in_flight():
                 return False
         return not self._work_pending()
 

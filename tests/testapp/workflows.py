@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pikku_django.workflows import WorkflowContext, step, workflow
+from tests.testapp import async_workflows  # noqa: F401 (registers the async steps)
 
 
 @step(name="testapp.record")
@@ -86,3 +87,43 @@ def blocked_pass(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
         marker.write_text(str(os.getpid()))
         time.sleep(300)
     return ctx.do("work", "testapp.slow", {"started": input["started"] + ".step", "seconds": 0})
+
+
+# -- a deploy: the old and the new code of one workflow (tests/test_deploy.py) --------
+
+DEPLOYED = os.environ.get("PIKKU_TEST_DEPLOYED_CODE", "old")
+
+
+@step(name="testapp.deploy_add")
+def deploy_add(data: dict[str, Any]) -> int:
+    return int(data["n"]) + int(data.get("plus", 0))
+
+
+if DEPLOYED == "new":
+
+    @workflow(name="testapp.deploy", version="2", replays=("1",))
+    def deploy(ctx: WorkflowContext, inp: dict[str, Any]) -> Any:
+        n = ctx.do("a", deploy_add, {"n": inp["n"]})
+        if ctx.patched("add-ten"):
+            n = ctx.do("ten", deploy_add, {"n": n, "plus": 10})
+            ctx.wait_for_event("go")
+            return {"path": "new", "n": ctx.do("b", deploy_add, {"n": n}), "pid": os.getpid()}
+        ctx.wait_for_event("go")
+        return {"path": "old", "n": ctx.do("b", deploy_add, {"n": n}), "pid": os.getpid()}
+
+else:
+
+    @workflow(name="testapp.deploy", version="1")
+    def deploy(ctx: WorkflowContext, inp: dict[str, Any]) -> Any:
+        n = ctx.do("a", deploy_add, {"n": inp["n"]})
+        ctx.wait_for_event("go")
+        return {"path": "old", "n": ctx.do("b", deploy_add, {"n": n}), "pid": os.getpid()}
+
+
+@workflow(name="testapp.keyed_slow")
+def keyed_slow(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
+    """One slow step; started with a concurrency key (tests/test_limits_workers.py)."""
+    return ctx.do("slow", "testapp.slow", input)
+
+
+from tests.testapp import parallel_workflows  # noqa: E402, F401  (registers the fan-out)

@@ -209,10 +209,19 @@ class WorkflowStore(abc.ABC):
     # -- runs --------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def finish_run(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool | None:
-        """End a run no parent step waits on in one statement: whether it changed;
-        None where the caller must do it in a transaction (a parent waits, or the
-        store has no one-statement form)."""
+    def finish_run(
+        self,
+        run_id: uuid.UUID,
+        status: str,
+        output: Any,
+        error: Any,
+        *,
+        wake_at: datetime | None = None,
+    ) -> bool | None:
+        """End a run no plain parent step waits on in one statement (parallel branches
+        waiting on it settle with it, their run woken at ``wake_at``): whether it
+        changed; None where the caller must do it in a transaction (a parent waits, or
+        the store has no one-statement form)."""
 
     @abc.abstractmethod
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:

@@ -264,7 +264,7 @@ class OrmStore(WorkflowStore):
         with self.claims_serialised(), self.atomic():
             ids = list(
                 self.worker_runs()
-                .filter(wake_at__lte=now)
+                .filter(wake_at__lte=now, key_waiting=False)
                 .order_by(*RUN_CLAIM_ORDER)
                 .select_for_update(skip_locked=True)
                 .values_list("id", flat=True)[:limit]
@@ -338,7 +338,7 @@ class OrmStore(WorkflowStore):
         flying = self.steps().filter(run_id=OuterRef("id")).filter(in_flight())
         return list(
             self.worker_runs()
-            .filter(wake_at__isnull=True, updated_at__lt=idle_since)
+            .filter(wake_at__isnull=True, updated_at__lt=idle_since, key_waiting=False)
             .exclude(Exists(flying))
             .order_by()
             .values_list("id", flat=True)[:limit]
@@ -348,17 +348,23 @@ class OrmStore(WorkflowStore):
         if self.worker_runs().filter(wake_at__lte=until).exists():
             return True
         steps = self._queued(queues).filter(run__status=RunStatus.RUNNING, run__inline=False)
-        return (
-            steps.filter(
-                status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.RUNNING),
-                available_at__lte=until,
-            ).exists()
-            or steps.filter(status=StepStatus.RUNNING).exists()
-        )
+        due = Q(
+            status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.RUNNING),
+            available_at__lte=until,
+        ) | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1, available_at__lte=until)
+        return steps.filter(due).exists() or steps.filter(status=StepStatus.RUNNING).exists()
 
     # -- runs --------------------------------------------------------------------------
 
-    def finish_run(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool | None:
+    def finish_run(
+        self,
+        run_id: uuid.UUID,
+        status: str,
+        output: Any,
+        error: Any,
+        *,
+        wake_at: datetime | None = None,
+    ) -> bool | None:
         return None
 
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
@@ -374,7 +380,13 @@ class OrmStore(WorkflowStore):
                         priority=options.priority,
                         queue=options.queue,
                         start_at=options.start_at,
-                        wake_at=options.due_at(wake_at),
+                        concurrency_key=options.concurrency_key,
+                        concurrency_limit=options.concurrency_limit,
+                        key_waiting=options.concurrency_key is not None,
+                        deadline_at=options.deadline_at,
+                        wake_at=None
+                        if options.concurrency_key is not None
+                        else options.due_at(wake_at),
                     )
                 ids.append(run.id)
             except IntegrityError:

@@ -28,7 +28,9 @@ from pikku_django.models import (
     WorkflowStep,
 )
 from pikku_django.prepared import fetch, fetch_one
+from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._values import NewStep, Settled, Wake
+from pikku_django.workflows.store._pg_finish import finish_run_sql
 from pikku_django.workflows.store.base import CHANNEL, NewRun, columns
 from pikku_django.workflows.store.orm import OrmStore, queue_lock_name
 
@@ -48,6 +50,7 @@ NEW_STEP_FIELDS = (
     "queue",
     "transactional",
     "priority",
+    "timeout",
 )
 #: Then the columns every insert of a step writes after those.
 STEP_STATE_FIELDS = (
@@ -62,7 +65,7 @@ STEP_STATE_FIELDS = (
 )
 RUN_FIELDS = ("id", "workflow", "status", "input", "output", "error", "suspend_reason")
 RUN_FIELDS_REST = ("inline", "idempotency_key", "wake_at", "wakes", "created_at", "updated_at")
-RUN_OPTION_FIELDS = ("priority", "queue", "start_at")
+RUN_OPTION_FIELDS = ("priority", "queue", "start_at", "deadline_at")
 
 
 def _q(name: str) -> str:
@@ -132,7 +135,7 @@ def _statements() -> dict[str, str]:
         return _c(att, name)
 
     new_cols = columns(step, NEW_STEP_FIELDS + STEP_STATE_FIELDS, _q)
-    new_vals = "%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s"
+    new_vals = "%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s"
     run_is_running = f"EXISTS (SELECT 1 FROM {RUNS} WHERE {r('id')} = %s AND {r('status')} = %s)"
     conflict = f"ON CONFLICT ({s('run_id')}, {s('name')}) DO NOTHING"
     attempt_cols = columns(att, ("step_id", "attempt", "status", "result", "error"), _q)
@@ -141,22 +144,13 @@ def _statements() -> dict[str, str]:
         "claim_due_runs": (
             f"UPDATE {RUNS} SET {r('wake_at')} = %s WHERE {r('id')} IN ("
             f"SELECT {r('id')} FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
-            f"AND NOT {r('inline')} "
+            f"AND NOT {r('inline')} AND NOT {r('key_waiting')} "
             f"AND {r('wake_at')} <= %s ORDER BY {r('priority')} DESC, {r('wake_at')} LIMIT %s "
             f"FOR UPDATE SKIP LOCKED) RETURNING {r('id')}"
         ),
         # One statement per shape, so that a generic plan fits each.
         "ready_steps_exist": _ready_exists(""),
         "ready_steps_exist_on": _ready_exists(f" AND {s('queue')} = ANY(%s)"),
-        "finish_run": (
-            f"WITH p AS (SELECT EXISTS (SELECT 1 FROM {STEPS} WHERE {s('child_run')} = %s "
-            f"AND {s('status')} = %s) AS waiting), "
-            f"r AS (UPDATE {RUNS} SET {r('status')} = %s, {r('output')} = %s::jsonb, "
-            f"{r('error')} = %s::jsonb, {r('wake_at')} = NULL, {r('updated_at')} = %s "
-            f"WHERE {r('id')} = %s AND {r('status')} = %s AND NOT (SELECT waiting FROM p) "
-            f"RETURNING {r('id')}) "
-            f"SELECT EXISTS (SELECT 1 FROM r), (SELECT waiting FROM p)"
-        ),
         "insert_settled": (
             f"WITH s AS (INSERT INTO {STEPS} ({new_cols}) "
             f"SELECT {new_vals}, %s, %s::jsonb, %s::jsonb, 1, %s, NULL, %s, %s "
@@ -198,10 +192,10 @@ def _statements() -> dict[str, str]:
             f"INSERT INTO {RUNS} "
             f"({columns(run, RUN_FIELDS + RUN_FIELDS_REST + RUN_OPTION_FIELDS, _q)}) "
             f"SELECT u, w, %s, i::jsonb, NULL, NULL, '', false, k, GREATEST(%s, a), 0, %s, %s, "
-            f"p, q, a "
+            f"p, q, a, d "
             f"FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::smallint[], "
-            f"%s::text[], %s::timestamptz[]) "
-            f"WITH ORDINALITY AS n(u, w, i, k, p, q, a, o) "
+            f"%s::text[], %s::timestamptz[], %s::timestamptz[]) "
+            f"WITH ORDINALITY AS n(u, w, i, k, p, q, a, d, o) "
             f"ORDER BY o ON CONFLICT ({r('workflow')}, {r('idempotency_key')}) DO NOTHING "
             f"RETURNING {r('id')}"
         ),
@@ -251,20 +245,40 @@ class PostgresStore(OrmStore):
             sql, params = self._sql("ready_steps_exist"), [now, now]
         return bool(fetch_one(self.using, sql, params)[0])
 
-    def finish_run(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool | None:
-        # Only a run no parent step waits on: a parent's step settles in the same
-        # transaction as its child's end, which the ORM path does.
+    def finish_run(
+        self,
+        run_id: uuid.UUID,
+        status: str,
+        output: Any,
+        error: Any,
+        *,
+        wake_at: datetime | None = None,
+    ) -> bool | None:
+        # A plain parent step settles in the same transaction as its child's end, which
+        # the ORM path does; parallel branches settle in this statement.
+        step_status, result, step_error = child_step_outcome(run_id, status, output, error)
+        failed = step_status == StepStatus.FAILED
+        now = timezone.now()
         params = [
             run_id,
-            StepStatus.RUNNING,
             status,
             _jsonb(output),
             _jsonb(error),
-            timezone.now(),
+            now,
             run_id,
-            RunStatus.RUNNING,
+            step_status,
+            _jsonb(result),
+            _jsonb(step_error),
+            failed,
+            now,
+            now,
+            now,
+            wake_at or now,
+            now,
+            failed,
+            CHANNEL,
         ]
-        changed, waiting = fetch_one(self.using, self._sql("finish_run"), params)
+        changed, waiting, _woken = fetch_one(self.using, finish_run_sql(), params)
         return None if waiting else bool(changed)
 
     @staticmethod
@@ -378,6 +392,8 @@ class PostgresStore(OrmStore):
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
         if not runs:
             return []
+        if any(new.run_options.concurrency_key is not None for new in runs):
+            return super().create_runs(runs, wake_at)  # keyed runs wait for a slot
         now = timezone.now()
         ids = [uuid.uuid4() for _ in runs]
         params = [
@@ -392,6 +408,7 @@ class PostgresStore(OrmStore):
             [new.run_options.priority for new in runs],
             [new.run_options.queue for new in runs],
             [new.run_options.start_at for new in runs],
+            [new.run_options.deadline_at for new in runs],
         ]
         made = {row[0] for row in fetch(self.using, self._sql("create_runs"), params)}
         if len(made) < len(runs):  # some keys were taken (or repeated): those runs exist

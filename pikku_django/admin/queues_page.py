@@ -1,0 +1,167 @@
+"""The queues page: per queue what runs, what waits, and its limits; per concurrency
+key its runs in progress and waiting.
+
+It lives at ``<admin>/pikku_django/workflowrun/queues/`` (linked from the runs list
+and the dashboard) for users who may view workflow runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Min, Q
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from pikku_django.admin.dashboard import changelist
+from pikku_django.admin.formatting import EMPTY, format_duration, workflow_database
+from pikku_django.dbclock import store_now_ms
+from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._rates import recent_claims
+from pikku_django.workflows.config import engine_config
+from pikku_django.workflows.store import store_for
+
+#: The most concurrency keys the page lists (those waiting longest first).
+KEYS_SHOWN = 50
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One queue on the page."""
+
+    queue: str
+    running: int
+    waiting: int
+    oldest_wait: str
+    concurrency: str
+    rate: str
+    lease: str
+    running_url: str
+    waiting_url: str
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    """One concurrency key with runs waiting or in progress."""
+
+    key: str
+    in_progress: int
+    waiting: int
+    limit: int
+    url: str
+
+
+def queue_rows(using: str) -> list[QueueRow]:
+    """Every declared queue and every queue with a step running or waiting."""
+    now = timezone.now()
+    now_ms = store_now_ms(using)
+    config = engine_config()
+    store = store_for(using)
+    open_steps = WorkflowStep.objects.using(using).filter(
+        kind=StepKind.QUEUED,
+        status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.RUNNING),
+    )
+    ready = Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING), available_at__lte=now)
+    counted = {
+        row["queue"]: row
+        for row in open_steps.order_by()
+        .values("queue")
+        .annotate(
+            running=Count("id", filter=Q(status=StepStatus.RUNNING, lease_expires_at__gte=now_ms)),
+            waiting=Count("id", filter=ready),
+            oldest=Min("available_at", filter=ready),
+        )
+    }
+    rows = []
+    for name in sorted(set(counted) | set(config.queues)):
+        found: dict[str, Any] = counted.get(name, {})
+        declared = config.queues.get(name)
+        rate = declared.rate if declared is not None else None
+        oldest = found.get("oldest")
+        rate_text = EMPTY
+        if rate is not None:
+            rate_text = _("%(used)d of %(count)d per %(period)s") % {
+                "used": recent_claims(store, name, rate),
+                "count": rate.count,
+                "period": format_duration(timedelta(seconds=rate.per_seconds)),
+            }
+        concurrency = config.concurrency_of(name)
+        rows.append(
+            QueueRow(
+                queue=name,
+                running=found.get("running", 0),
+                waiting=found.get("waiting", 0),
+                oldest_wait=format_duration(now - oldest) if oldest else EMPTY,
+                concurrency=str(concurrency) if concurrency is not None else _("no limit"),
+                rate=rate_text if rate is not None else _("no limit"),
+                lease=format_duration(timedelta(milliseconds=config.lease_ms_for_queue(name))),
+                running_url=changelist("workflowstep", queue=name, status__exact="running"),
+                waiting_url=changelist("workflowstep", queue=name, status__exact="scheduled"),
+            )
+        )
+    return rows
+
+
+def key_rows(using: str) -> list[KeyRow]:
+    """Concurrency keys with runs waiting or in progress, those waiting longest first."""
+    live = WorkflowRun.objects.using(using).filter(
+        concurrency_key__isnull=False, status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED)
+    )
+    rows = (
+        live.order_by()
+        .values("concurrency_key")
+        .annotate(
+            waiting=Count("id", filter=Q(key_waiting=True)),
+            in_progress=Count("id", filter=Q(key_waiting=False)),
+            limit=Min("concurrency_limit"),
+            first=Min("created_at"),
+        )
+        .order_by("-waiting", "first")[:KEYS_SHOWN]
+    )
+    return [
+        KeyRow(
+            key=row["concurrency_key"],
+            in_progress=row["in_progress"],
+            waiting=row["waiting"],
+            limit=row["limit"],
+            url=changelist("workflowrun", concurrency_key=row["concurrency_key"]),
+        )
+        for row in rows
+    ]
+
+
+class QueuesPageMixin:
+    """Adds the queues page to the runs' admin."""
+
+    queues_template = "admin/pikku_django/queues.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        opts = self.opts  # type: ignore[attr-defined]
+        view = self.admin_site.admin_view(self.queues_view)  # type: ignore[attr-defined]
+        return [
+            path("queues/", view, name=f"{opts.app_label}_{opts.model_name}_queues"),
+            *super().get_urls(),  # type: ignore[misc]
+        ]
+
+    def queues_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):  # type: ignore[attr-defined]
+            raise PermissionDenied
+        using = workflow_database()
+        request.current_app = self.admin_site.name  # type: ignore[attr-defined]
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),  # type: ignore[attr-defined]
+            "title": _("Queues and limits"),
+            "subtitle": None,
+            "opts": self.opts,  # type: ignore[attr-defined]
+            "media": self.media,  # type: ignore[attr-defined]
+            "pikku_queues": queue_rows(using),
+            "pikku_keys": key_rows(using),
+            "pikku_keys_shown": KEYS_SHOWN,
+        }
+        return TemplateResponse(request, self.queues_template, context)

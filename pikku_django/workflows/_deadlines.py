@@ -1,0 +1,191 @@
+"""Run deadlines and suspension timeouts, enforced by the workers' due-work look.
+
+A run past its ``deadline_at`` fails with :class:`WorkflowTimeoutError`: its steps
+still waiting (scheduled, pending, suspended, due for a retry, or running) are
+failed with it, so whatever a worker still returns for them is refused, and the
+child runs it waits on are cancelled. A ``ctx.suspend(..., timeout=...)`` not
+resumed in time is failed (the suspension's ``available_at`` is its timeout) and
+its run set running again, for the workflow to get
+:class:`SuspendTimeoutError` where it suspended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from django.db.models import F, Q
+from django.db.models.functions import Greatest
+from django.utils import timezone
+
+from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowStep
+from pikku_django.workflows._runs import RunStates
+from pikku_django.workflows.errors import (
+    SuspendTimeoutError,
+    WorkflowRunStateError,
+    WorkflowTimeoutError,
+    serialize_error,
+)
+from pikku_django.workflows.logcontext import log_context, workflow_logger
+from pikku_django.workflows.store import WorkflowStore
+
+logger = workflow_logger(__name__)
+
+OPEN_RUN = (RunStatus.RUNNING, RunStatus.SUSPENDED)
+
+
+def overdue_runs(store: WorkflowStore, now: datetime, limit: int) -> list[uuid.UUID]:
+    """Open runs whose deadline is past, earliest first (the pikku_run_deadline index)."""
+    return list(
+        store.runs()
+        .filter(status__in=OPEN_RUN, deadline_at__isnull=False, deadline_at__lte=now)
+        .order_by("deadline_at")
+        .values_list("id", flat=True)[:limit]
+    )
+
+
+def timed_out_suspensions(store: WorkflowStore, now: datetime, limit: int) -> list[WorkflowStep]:
+    """Suspensions past their timeout, earliest first (the pikku_step_suspend_due index)."""
+    return list(
+        store.steps()
+        .filter(
+            kind=StepKind.SUSPEND,
+            status=StepStatus.SUSPENDED,
+            available_at__isnull=False,
+            available_at__lte=now,
+        )
+        .order_by("available_at")[:limit]
+    )
+
+
+def _waiting_steps() -> Q:
+    """A step that may still run or settle: its run's end must stop it."""
+    return (
+        Q(status__in=(StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.RUNNING))
+        | Q(status=StepStatus.SUSPENDED)
+        | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1)
+    )
+
+
+class RunDeadlines:
+    """Fails runs past their deadline and times out suspensions."""
+
+    def __init__(
+        self,
+        states: RunStates,
+        cancel: Callable[[uuid.UUID], Any],
+        drive_inline: Callable[[uuid.UUID], Any],
+    ) -> None:
+        self.states = states
+        self.store = states.store
+        self.clock = states.clock
+        self._cancel = cancel
+        self._drive_inline = drive_inline
+
+    def enforce(self, limit: int = 100) -> int:
+        """Time out what is due now: how many runs and suspensions were."""
+        now = self.clock.now()
+        done = 0
+        for run_id in overdue_runs(self.store, now, limit):
+            done += self.time_out_run(run_id, now)
+        for step in timed_out_suspensions(self.store, now, limit):
+            done += self.time_out_suspension(step, now)
+        return done
+
+    def has_due(self) -> bool:
+        """Whether a deadline or a suspension's timeout is past now (a cheap look)."""
+        now = self.clock.now()
+        return bool(overdue_runs(self.store, now, 1) or timed_out_suspensions(self.store, now, 1))
+
+    def time_out_run(self, run_id: uuid.UUID, now: datetime) -> bool:
+        """Fail a run past its deadline, with its waiting steps; cancel its children."""
+        run = self.store.runs().filter(id=run_id).first()
+        if run is None or run.deadline_at is None:
+            return False
+        error = serialize_error(WorkflowTimeoutError(run.id, run.deadline_at.isoformat()))
+        stamp = timezone.now()
+        with self.store.atomic():
+            changed = (
+                self.store.runs()
+                .filter(id=run.id, status__in=OPEN_RUN, deadline_at__lte=now)
+                .update(
+                    status=RunStatus.FAILED,
+                    error=error,
+                    suspend_reason="",
+                    wake_at=None,
+                    updated_at=stamp,
+                )
+            )
+            if not changed:
+                return False
+            waiting = self.store.steps().filter(_waiting_steps(), run_id=run.id)
+            steps = list(waiting.values_list("id", "attempt", "kind", "child_run_id"))
+            waiting.update(
+                status=StepStatus.FAILED,
+                error=error,
+                # No attempt left, also for a step that never had one.
+                attempt=Greatest(F("attempt"), 1),
+                retries=Greatest(F("attempt"), 1) - 1,
+                lease_expires_at=None,
+                available_at=None,
+                updated_at=stamp,
+            )
+            for step_id, attempt, _kind, _child in steps:
+                self.store.attempts().filter(
+                    step_id=step_id, attempt=attempt, status=StepStatus.RUNNING
+                ).update(status=StepStatus.FAILED, error=error, finished_at=stamp)
+            self.states.settle_parents(run.id, RunStatus.FAILED, None, error)
+            self.states.events.run_finished(run, RunStatus.FAILED, error)
+        with log_context(workflow=run.workflow, run_id=str(run.id)):
+            logger.warning("Run failed: passed its deadline of %s", run.deadline_at.isoformat())
+        for _step_id, _attempt, kind, child in steps:
+            if kind == StepKind.CHILD and child is not None:
+                with contextlib.suppress(WorkflowRunStateError):  # ended meanwhile
+                    self._cancel(child)
+        return True
+
+    def time_out_suspension(self, step: WorkflowStep, now: datetime) -> bool:
+        """Fail a suspension past its timeout and set its run running again."""
+        error = serialize_error(SuspendTimeoutError(step.name, step.timeout or 0.0))
+        with self.store.atomic():
+            won = (
+                self.store.steps()
+                .filter(id=step.id, status=StepStatus.SUSPENDED, available_at__lte=now)
+                .update(
+                    status=StepStatus.FAILED,
+                    error=error,
+                    attempt=1,
+                    retries=0,
+                    updated_at=timezone.now(),
+                )
+            )
+            if not won:
+                return False
+            self.store.attempts().update_or_create(
+                step_id=step.id,
+                attempt=1,
+                defaults={
+                    "status": StepStatus.FAILED,
+                    "error": error,
+                    "finished_at": timezone.now(),
+                },
+            )
+            run = self.store.runs().filter(id=step.run_id).first()
+            if run is None:
+                return True
+            self.store.runs().filter(id=run.id, status=RunStatus.SUSPENDED).update(
+                status=RunStatus.RUNNING,
+                suspend_reason="",
+                wake_at=None if run.inline else self.clock.now(),
+                wakes=F("wakes") + 1,
+                updated_at=timezone.now(),
+            )
+            self.store.notify()
+        with log_context(workflow=run.workflow, run_id=str(run.id)):
+            logger.info("Suspension %s timed out: the run goes on", step.name)
+        if run.inline:
+            self._drive_inline(self.states.inline_root(run.id))
+        return True

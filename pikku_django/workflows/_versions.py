@@ -1,0 +1,90 @@
+"""Workflow versions: what each run records, which runs a worker passes, and
+``ctx.patched`` markers that let old and new code replay the same runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from pikku_django.models import StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows.errors import UnknownPatchError, WorkflowDefinitionError
+
+#: The prefix of a step that records a ``ctx.patched`` change id.
+PATCH_PREFIX = "patch:"
+
+if TYPE_CHECKING:
+    from pikku_django.workflows._context_api import StepCalls
+    from pikku_django.workflows._runs import RunStates
+    from pikku_django.workflows.registry import WorkflowDefinition
+
+
+def version_admitted(
+    states: RunStates, definition: WorkflowDefinition, run: WorkflowRun, carried_only: bool
+) -> bool:
+    """Whether this code may pass ``run``; a run that records no version yet (made by
+    an intake) records this code's now. With ``carried_only``, a run of a version
+    this code does not carry is left to the workers that carry it."""
+    if not run.version:
+        states.store.runs().filter(id=run.id, version="").update(version=definition.version)
+        run.version = definition.version
+        return True
+    return not carried_only or run.version in definition.carried_versions
+
+
+def visited_names(seen: Mapping[str, int]) -> set[str]:
+    """The full step names a pass has reached, from its count of each name."""
+    return {base if i == 0 else f"{base}#{i}" for base, count in seen.items() for i in range(count)}
+
+
+def unvisited(steps: Mapping[str, WorkflowStep], seen: Mapping[str, int]) -> list[WorkflowStep]:
+    """The recorded steps this pass has not reached (yet)."""
+    reached = visited_names(seen)
+    return [step for name, step in steps.items() if name not in reached]
+
+
+def check_no_unknown_patch(ctx: StepCalls, new_step: str | None) -> None:
+    """Raise :class:`UnknownPatchError` when the pass is about to store ``new_step``
+    (None: end the run) although the run recorded a ``ctx.patched`` branch this code
+    never reached: the run was taken further by code this worker does not carry."""
+    steps = ctx._recorder.steps
+    if ctx._patch_markers is None:  # once a pass: most runs have none
+        ctx._patch_markers = any(step.kind == StepKind.PATCH for step in steps.values())
+    if not ctx._patch_markers:
+        return
+    markers = [s.name for s in unvisited(steps, ctx._seen) if s.kind == StepKind.PATCH]
+    if markers:
+        what = "The run would end here" if new_step is None else f"Step {new_step!r} is new"
+        raise UnknownPatchError(
+            f"{what}, but the run went past {markers[0]!r} under newer "
+            f"code: this code does not call ctx.patched({markers[0][len(PATCH_PREFIX) :]!r}) "
+            "there. Run the newer code (or limit workers to the versions they carry)"
+        )
+
+
+def patched(ctx: StepCalls, change_id: str) -> bool:
+    """``ctx.patched(change_id)``: True when the run reaches this point under code
+    that has it (a marker step records that), False when the run was already past
+    it (recorded steps beyond it that this pass has not reached), the same on every
+    replay."""
+    if not isinstance(change_id, str) or not change_id or "#" in change_id:
+        raise WorkflowDefinitionError(
+            f"ctx.patched() takes a non-empty str change id without '#', not {change_id!r}"
+        )
+    name = ctx._step_name(PATCH_PREFIX + change_id, internal=True)
+    recorder = ctx._recorder
+    step = ctx._existing(name, StepKind.PATCH, "")
+    if step is not None:
+        return True
+    if unvisited(recorder.steps, ctx._seen):
+        return False  # recorded under code without the patch: keep to the old path
+    marker = recorder.inline.create(
+        recorder.run,
+        name=name,
+        kind=StepKind.PATCH,
+        input={"change": change_id},
+        status=StepStatus.SUCCEEDED,
+        attempt=1,
+        retries=0,
+    )
+    recorder.remember(marker)
+    return True

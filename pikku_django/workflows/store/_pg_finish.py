@@ -1,0 +1,76 @@
+"""PostgreSQL's end of a run in one statement: the run, and the parallel-group branch
+steps waiting on it (their attempt, their group's count of open branches, and a
+wake of the parent run once that count reaches zero or a branch failed).
+
+A run that a plain child step (``ctx.do``) waits on is left to the ORM path: the
+statement then changes nothing and reports the parent waiting.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows.store.base import columns
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@functools.cache
+def finish_run_sql() -> str:
+    """Parameters: child id, status, output, error, updated at, child id, step status,
+    step result, step error, failed, updated at, finished at, updated at, wake at,
+    updated at, failed, channel. Returns (changed, a plain parent waits)."""
+    runs, steps, atts = (_q(m._meta.db_table) for m in (WorkflowRun, WorkflowStep, StepAttempt))
+
+    def r(name: str) -> str:
+        return columns(WorkflowRun, (name,), _q)
+
+    def s(name: str) -> str:
+        return columns(WorkflowStep, (name,), _q)
+
+    def a(name: str) -> str:
+        return columns(StepAttempt, (name,), _q)
+
+    running = f"'{RunStatus.RUNNING}'"
+    step_running = f"'{StepStatus.RUNNING}'"
+    attempt_cols = columns(
+        StepAttempt,
+        ("step_id", "attempt", "status", "result", "error", "worker", "started_at", "finished_at"),
+        _q,
+    )
+    return (
+        f"WITH p AS (SELECT {s('id')} AS id, {s('group')} AS grp FROM {steps} "
+        f"WHERE {s('child_run')} = %s AND {s('status')} = {step_running}), "
+        f"plain AS (SELECT EXISTS (SELECT 1 FROM p WHERE grp IS NULL) AS waiting), "
+        f"r AS (UPDATE {runs} SET {r('status')} = %s, {r('output')} = %s::jsonb, "
+        f"{r('error')} = %s::jsonb, {r('wake_at')} = NULL, {r('updated_at')} = %s "
+        f"WHERE {r('id')} = %s AND {r('status')} = {running} "
+        f"AND NOT (SELECT waiting FROM plain) RETURNING {r('id')}), "
+        f"s AS (UPDATE {steps} SET {s('status')} = %s, {s('result')} = %s::jsonb, "
+        f"{s('error')} = %s::jsonb, {s('attempt')} = GREATEST({s('attempt')}, 1), "
+        f"{s('lease_expires_at')} = NULL, "
+        f"{s('retries')} = CASE WHEN %s THEN 0 ELSE {s('retries')} END, {s('updated_at')} = %s "
+        f"WHERE {s('id')} IN (SELECT id FROM p) AND {s('status')} = {step_running} "
+        f"AND EXISTS (SELECT 1 FROM r) "
+        f"RETURNING {s('id')} AS id, {s('run_id')} AS run_id, {s('group')} AS grp, "
+        f"{s('attempt')} AS attempt, {s('status')} AS status, {s('result')} AS result, "
+        f"{s('error')} AS error), "
+        f"a AS (INSERT INTO {atts} ({attempt_cols}) "
+        f"SELECT id, attempt, status, result, error, '', %s, %s FROM s "
+        f"ON CONFLICT ({a('step_id')}, {a('attempt')}) DO UPDATE SET "
+        f"{a('status')} = EXCLUDED.{a('status')}, {a('result')} = EXCLUDED.{a('result')}, "
+        f"{a('error')} = EXCLUDED.{a('error')}, "
+        f"{a('finished_at')} = EXCLUDED.{a('finished_at')}), "
+        f"g AS (UPDATE {steps} SET {s('open_branches')} = {s('open_branches')} - 1 "
+        f"WHERE {s('id')} IN (SELECT grp FROM s) AND {s('status')} = {step_running} "
+        f"RETURNING {s('open_branches')} AS open), "
+        f"w AS (UPDATE {runs} SET {r('wake_at')} = %s, {r('wakes')} = {r('wakes')} + 1, "
+        f"{r('updated_at')} = %s WHERE {r('id')} IN (SELECT run_id FROM s) "
+        f"AND {r('status')} = {running} "
+        f"AND EXISTS (SELECT 1 FROM g WHERE open <= 0 OR %s) RETURNING 1) "
+        f"SELECT EXISTS (SELECT 1 FROM r), (SELECT waiting FROM plain), "
+        f"(SELECT count(pg_notify(%s, '')) FROM w)"
+    )

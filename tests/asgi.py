@@ -1,0 +1,16 @@
+"""The test project as an ASGI application, for a server a test starts
+(``DJANGO_SETTINGS_MODULE=tests.asgi_settings``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.asgi import get_asgi_application
+
+
+def anyone(request: Any, run: Any) -> bool:
+    """Every request may see every run (the served tests' RUN_VIEW_PERMISSION)."""
+    return True
+
+
+application = get_asgi_application()

@@ -1,0 +1,125 @@
+"""Async steps in a pikku_worker process: many at once on its event loop, a SIGKILLed
+worker's async step reclaimed and finished once, retries."""
+
+from __future__ import annotations
+
+import signal
+from datetime import datetime
+from pathlib import Path
+
+from pikku_django.models import RunStatus, StepAttempt, WorkflowStep
+from pikku_django.workflows import WorkflowEngine
+from tests.conftest import database_alias, on_databases
+from tests.test_worker import finish, wait_for, worker_process
+
+ALL = ("sqlite", "postgres", "mariadb")
+STEPS = 200
+NAP = 0.2
+
+
+@on_databases(*ALL)
+def test_two_hundred_async_steps_overlap_in_one_process(vendor: str) -> None:
+    alias = database_alias(vendor)
+    engine = WorkflowEngine(alias)
+    runs = [engine.start("testapp.async_naps", {"n": n, "seconds": NAP}) for n in range(STEPS)]
+    code, out = finish(
+        worker_process(alias, "--until-idle", "--idle-grace", "0.5", "--concurrency", "4"),
+        timeout=180,
+    )
+    assert code == 0, out
+    for n, run in enumerate(runs):
+        run.refresh_from_db(using=alias)
+        assert run.status == RunStatus.COMPLETED, (run.error, out[-3000:])
+        assert run.output["n"] == n
+    assert len({run.output["pid"] for run in runs}) == 1
+    spans = list(StepAttempt.objects.using(alias).values_list("started_at", "finished_at"))
+    assert len(spans) == STEPS
+    # One after another the steps would take STEPS * NAP = 40 s; from the first
+    # attempt's start to the last one's end, a loaded machine stays well under that.
+    # SQLite takes every write of the 400 passes and 200 settles one at a time.
+    elapsed = (max(end for _, end in spans) - min(start for start, _ in spans)).total_seconds()
+    assert elapsed < (25 if vendor == "sqlite" else 15), (elapsed, out[-3000:])
+    # More awaited at once than the process has worker threads (plain steps never are).
+    assert most_at_once(spans) > 2 * 4, out[-3000:]
+
+
+def most_at_once(spans: list[tuple[datetime, datetime]]) -> int:
+    """The most of these (start, end) intervals open at one moment."""
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    most = running = 0
+    for _, change in events:  # an end sorts before a start at the same instant
+        running += change
+        most = max(most, running)
+    return most
+
+
+@on_databases("postgres", "mariadb")
+def test_an_async_step_killed_mid_await_is_reclaimed_and_completes_once(
+    vendor: str, tmp_path: Path
+) -> None:
+    alias = database_alias(vendor)
+    engine = WorkflowEngine(alias)
+    calls, done = tmp_path / "calls", tmp_path / "done"
+    run = engine.start(
+        "testapp.async_step",
+        {"step": "testapp.async_block_first", "calls": str(calls), "done": str(done)},
+    )
+    env = {"PIKKU_TEST_STEP_LEASE_MS": "2000", "PIKKU_TEST_RUN_LEASE_MS": "2000"}
+    doomed = worker_process(alias, **env)
+    try:
+        wait_for(calls.exists, 60, "the first attempt to start awaiting")
+    finally:
+        doomed.send_signal(signal.SIGKILL)
+        doomed.communicate()
+    survivor = worker_process(alias, "--until-idle", **env)
+    code, out = finish(survivor, timeout=120)
+    assert code == 0, out
+    run.refresh_from_db(using=alias)
+    assert run.status == RunStatus.COMPLETED, (run.error, out)
+    assert run.output["calls"] == 2
+    # The killed attempt never finished; the second did, once.
+    assert len(calls.read_text().splitlines()) == 2
+    assert done.read_text().splitlines() == [f"done {survivor.pid}"]
+    step = WorkflowStep.objects.using(alias).get(run_id=run.id)
+    assert step.attempt == 2
+    attempts = StepAttempt.objects.using(alias).filter(step=step).order_by("attempt")
+    # The killed attempt is closed as superseded in the history; the second succeeded.
+    assert [a.status for a in attempts] == ["superseded", "succeeded"]
+
+
+@on_databases(*ALL)
+def test_a_failing_async_step_is_retried_by_the_worker(vendor: str, tmp_path: Path) -> None:
+    alias = database_alias(vendor)
+    engine = WorkflowEngine(alias)
+    calls = tmp_path / "calls"
+    run = engine.start(
+        "testapp.async_step", {"step": "testapp.async_flaky", "calls": str(calls), "fail": 2}
+    )
+    code, out = finish(worker_process(alias, "--until-idle"), timeout=120)
+    assert code == 0, out
+    run.refresh_from_db(using=alias)
+    steps = list(WorkflowStep.objects.using(alias).filter(run_id=run.id).values())
+    assert run.status == RunStatus.COMPLETED, (run.error, run.wake_at, steps, out)
+    assert run.output == {"calls": 3}
+    history = StepAttempt.objects.using(alias).filter(step__run_id=run.id).order_by("attempt")
+    assert [a.status for a in history] == ["failed", "failed", "succeeded"]
+    assert "attempt 1 fails" in history[0].error["message"]
+
+
+@on_databases("postgres")
+def test_sigterm_lets_the_async_steps_in_flight_finish(vendor: str) -> None:
+    alias = database_alias(vendor)
+    engine = WorkflowEngine(alias)
+    runs = [engine.start("testapp.async_naps", {"n": n, "seconds": 3.0}) for n in range(5)]
+    proc = worker_process(alias)
+    try:
+        attempts = StepAttempt.objects.using(alias)
+        wait_for(lambda: attempts.count() == 5, 60, "the five async steps to start")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc, 60)
+    assert code == 0, out
+    # Each step finished its await and was recorded before the worker exited.
+    for step_row in WorkflowStep.objects.using(alias).filter(run__in=[r.id for r in runs]):
+        assert (step_row.status, step_row.attempt) == ("succeeded", 1), out[-2000:]
+    assert [a.status for a in attempts] == ["succeeded"] * 5
