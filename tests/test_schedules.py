@@ -345,6 +345,7 @@ def test_a_bad_schedule_in_code_is_reported_by_the_check(settings: Any) -> None:
     assert "Bad hour" in error.msg
 
 
+@pytest.mark.django_db(databases="__all__")  # Django 6.1 checks ask each database for JSON
 def test_the_check_runs_through_django(settings: Any) -> None:
     declare(settings, bad={"workflow": WORKFLOW, "cron": "0 3 * * *", "timezone": "Nowhere"})
     assert "pikku_django.E301" in [m.id for m in checks.run_checks()]
