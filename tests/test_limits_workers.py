@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import signal
 from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +135,7 @@ def test_no_limit_is_exceeded_by_worker_processes(
     for key in ("k1", "k2"):
         keyed = _attempts(alias, step__run__concurrency_key=key)
         assert _intervals(keyed, until) <= key_limit
-        first_starts: dict[Any, datetime] = defaultdict(lambda: datetime.max.astimezone())
+        first_starts: dict[Any, datetime] = defaultdict(lambda: datetime.max.replace(tzinfo=UTC))
         for run_id, at in (
             StepAttempt.objects.using(alias)
             .filter(step__run__concurrency_key=key)
