@@ -15,13 +15,14 @@ from django.db import connections
 
 from pikku_django._version import __version__
 from pikku_django.conf import pikku_settings
-from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError, hold_lease
-from pikku_django.models import RunStatus
+from pikku_django.leases import HeldLease, LeaseTakenError, hold_lease
 from pikku_django.workflows._aio import AsyncSteps, is_async_step
 from pikku_django.workflows._connections import release_connections
 from pikku_django.workflows._heartbeat import WorkerHeartbeats
 from pikku_django.workflows._idle import IdleThreads
 from pikku_django.workflows._listen import listen_for_work
+from pikku_django.workflows._run_hold import give_back, take_run_lease, wake_owed
+from pikku_django.workflows._sweeps import pending_summary, wake_stalled_runs
 from pikku_django.workflows._values import DueRun, StepOutcome, Wake
 from pikku_django.workflows.engine import CarriedRun, ClaimedStep, StepClaimer, WorkflowEngine
 from pikku_django.workflows.intake import intakes, seconds_until_due
@@ -30,27 +31,14 @@ from pikku_django.workflows.step_lease import keep_step_lease
 
 logger = workflow_logger(__name__)
 
+__all__ = ["Worker", "wake_stalled_runs"]
+
 #: How long a thread carries one run on, step after step, before it hands the run
 #: back to the queue (one long run must not keep a thread from the others).
 CHAIN_SECONDS = 0.25
 
 #: How many waiting items of each intake one look starts runs for.
 INTAKE_BATCH = 100
-
-
-def wake_stalled_runs(engine: WorkflowEngine, stalled_after: float, limit: int = 500) -> int:
-    """Wake running runs that nothing will wake: no step in flight, idle for a while.
-
-    A step in flight is scheduled, pending, suspended, waiting for a retry, or
-    running under a live (or parked, null) lease. Such a run can only be left
-    behind when a worker died between settling a step and waking its run.
-    """
-    cutoff = engine.clock.now() - timedelta(seconds=stalled_after)
-    stalled = engine.store.stalled_runs(cutoff, limit)
-    for run_id in stalled:
-        logger.warning("Run %s had nothing in flight for %gs: waking it", run_id, stalled_after)
-        engine.wake_run(run_id)
-    return len(stalled)
 
 
 class Worker:
@@ -369,7 +357,7 @@ class Worker:
                 if claimed is not None and is_async_step(claimed):
                     # Run on the event loop; its settle wakes the run for any worker.
                     if held is not None:
-                        self._give_back(held)
+                        give_back(held)
                         held = None
                     self.async_steps.submit(claimed)
                     return done + 1
@@ -379,7 +367,7 @@ class Worker:
                     # lease: were this worker to die in the step, its run lease lapses
                     # before anyone can take the step over, so nothing waits for it.
                     if held is not None and (not chain or claimed.lease_ms < held.ttl_ms):
-                        self._give_back(held)
+                        give_back(held)
                         held = None
                     outcome = self._execute(claimed, wake=Wake.PASS if chain else Wake.NOW)
                     done += 1
@@ -390,7 +378,7 @@ class Worker:
                     kept = held is not None and outcome is StepOutcome.SUCCEEDED
                     carried = claimed.carried if kept else None
                 if held is None:
-                    held = self._take_run_lease(run_id)
+                    held = take_run_lease(self.engine, run_id)
                     if held is None:
                         return done
                 claimed = self.engine.orchestrate(
@@ -409,41 +397,11 @@ class Worker:
             if owed:
                 # The pass this thread owed the run did not happen: nobody else was
                 # woken for it, so wake the run for any worker.
-                self._wake_owed(run_id)
+                wake_owed(self.engine, run_id)
             raise
         finally:
             if held is not None:
-                self._give_back(held)
-
-    def _wake_owed(self, run_id: Any) -> None:
-        try:
-            self.engine.wake_run(run_id)
-        except Exception:
-            logger.warning("Could not wake run %s; the recovery sweep will", run_id, exc_info=True)
-
-    def _take_run_lease(self, run_id: Any) -> HeldLease | None:
-        """The run's lease, held until :meth:`_give_back`; None (the run woken again
-        shortly) while another worker passes the run."""
-        held = self.engine.run_lease(run_id)
-        try:
-            return held.__enter__()
-        except LeaseTakenError:
-            logger.info("Run %s is orchestrated elsewhere; waking it again shortly", run_id)
-            self.engine.retry_pass_soon(run_id)
-            return None
-        except Exception:
-            # The lease store failed (e.g. its server restarted): the run was claimed
-            # for a pass that will not happen now, so it must fall due again soon.
-            logger.warning("Could not take the lease of run %s; waking it again shortly", run_id)
-            self.engine.retry_pass_soon(run_id)
-            raise
-
-    def _give_back(self, held: HeldLease) -> None:
-        """Release a run lease held across passes; each pass vouched for itself."""
-        try:
-            held.__exit__(None, None, None)
-        except LeaseLostError:
-            logger.info("Run lease %s had lapsed when it was given back", held.key)
+                give_back(held)
 
     def _execute(self, claimed: ClaimedStep, *, wake: Wake) -> StepOutcome:
         self._began(claimed)
@@ -515,13 +473,7 @@ class Worker:
 
     def pending_summary(self) -> dict[str, Any]:
         """What is left for later: runs waiting on timers and the next due time."""
-        engine = self.engine
-        waiting = engine.runs().filter(status=RunStatus.RUNNING, wake_at__isnull=False)
-        return {
-            "running_runs": engine.runs().filter(status=RunStatus.RUNNING).count(),
-            "suspended_runs": engine.runs().filter(status=RunStatus.SUSPENDED).count(),
-            "next_wake_at": waiting.order_by("wake_at").values_list("wake_at", flat=True).first(),
-        }
+        return pending_summary(self.engine)
 
     def _listen(self) -> None:
         listen_for_work(
