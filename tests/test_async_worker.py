@@ -67,7 +67,13 @@ def test_an_async_step_killed_mid_await_is_reclaimed_and_completes_once(
     env = {"PIKKU_TEST_STEP_LEASE_MS": "2000", "PIKKU_TEST_RUN_LEASE_MS": "2000"}
     doomed = worker_process(alias, **env)
     try:
-        wait_for(calls.exists, 60, "the first attempt to start awaiting")
+        # Its note written, not only its file made: a kill between the two would
+        # leave the next attempt counting itself the first.
+        wait_for(
+            lambda: calls.exists() and bool(calls.read_text()),
+            60,
+            "the first attempt to start awaiting",
+        )
     finally:
         doomed.send_signal(signal.SIGKILL)
         doomed.communicate()

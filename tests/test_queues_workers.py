@@ -48,10 +48,12 @@ def test_two_worker_processes_never_exceed_a_queues_limit(vendor: str, tmp_path:
     runs = [
         engine.start(
             "testapp.slow_one",
-            {"started": str(tmp_path / f"s{n}"), "seconds": 0.3},
+            # Enough work that a worker process which starts a second or two after
+            # the other still finds steps left to claim.
+            {"started": str(tmp_path / f"s{n}"), "seconds": 0.6},
             queue="tight",
         )
-        for n in range(16)
+        for n in range(24)
     ]
     workers = [
         worker_process(alias, "--until-idle", "--concurrency", "4", PIKKU_TEST_QUEUES=QUEUES)
