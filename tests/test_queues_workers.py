@@ -55,8 +55,10 @@ def test_two_worker_processes_never_exceed_a_queues_limit(vendor: str, tmp_path:
         )
         for n in range(24)
     ]
+    # Two threads each: together more than the limit, alone fewer, so the limit is
+    # held across processes and both of them claim.
     workers = [
-        worker_process(alias, "--until-idle", "--concurrency", "4", PIKKU_TEST_QUEUES=QUEUES)
+        worker_process(alias, "--until-idle", "--concurrency", "2", PIKKU_TEST_QUEUES=QUEUES)
         for _ in range(2)
     ]
     outs = [finish(w, timeout=180) for w in workers]
