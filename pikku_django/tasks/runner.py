@@ -10,6 +10,7 @@ framework's ``task_started`` and ``task_finished`` signals are sent around the c
 from __future__ import annotations
 
 import asyncio
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,9 @@ from pikku_django.workflows.api import get_engine
 from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.errors import NotSerializableError, WorkflowError, serialize_error
 from pikku_django.workflows.registry import (
+    OpeningStep,
     WorkflowDefinition,
+    end_runs_with,
     register_workflow_prefix,
     step,
 )
@@ -38,20 +41,26 @@ class TaskExitedError(WorkflowError):
     code = "TASK_EXITED"
 
 
-def run_task(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
-    """The body of every task run: one queued step with the task's retry policy."""
-    policy = input.get("policy") or {}
-    return ctx.do(
+def task_step(run_id: uuid.UUID, input: dict[str, Any]) -> OpeningStep:
+    """A task run's one queued step, with the task's retry policy: stored with the run
+    at enqueue time (so a worker claims it at once), and what a pass replays."""
+    return OpeningStep(
         STEP_NAME,
         ASYNC_STEP_FUNCTION if input.get("async") else STEP_FUNCTION,
-        {"run": str(ctx.run_id)},
-        queue=input.get("queue"),
-        **policy,
+        {"run": str(run_id)},
+        {"queue": input.get("queue"), **(input.get("policy") or {})},
     )
 
 
+def run_task(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
+    """The body of every task run: its one step, whose result is the run's output (the
+    step's success completes the run as it is recorded: see ``end_runs_with``)."""
+    opening = task_step(ctx.run_id, input)
+    return ctx.do(opening.name, opening.function, opening.data, **opening.options)
+
+
 def find_task_workflow(name: str) -> WorkflowDefinition:
-    return WorkflowDefinition(name, run_task)
+    return WorkflowDefinition(name, run_task, opening=task_step)
 
 
 register_workflow_prefix(WORKFLOW_PREFIX, find_task_workflow)
@@ -170,6 +179,11 @@ async def acall_task(data: dict[str, Any]) -> Any:
             raise
         raise error from exc
     return await sync_to_async(_succeeded, thread_sensitive=False)(call, raw)
+
+
+# A task run's output is its step's result: the run completes in the step's settle.
+end_runs_with(STEP_FUNCTION)
+end_runs_with(ASYNC_STEP_FUNCTION)
 
 
 def _as_exception(exc: BaseException, path: str) -> Exception:

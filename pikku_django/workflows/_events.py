@@ -13,8 +13,8 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from pikku_django import signals
-from pikku_django.models import StepAttempt, WorkflowRun
-from pikku_django.workflows._values import ClaimedStep
+from pikku_django.models import RunStatus, StepAttempt, WorkflowRun
+from pikku_django.workflows._values import ClaimedStep, Settled
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,13 @@ class RunEvents:
             error_type=error_type,
             duration=seconds_since(run.created_at),
         )
+
+    def run_completed_by_step(self, settled: Settled) -> None:
+        """:meth:`run_finished` for a run its last step's settle completed."""
+        if signals.run_finished.has_listeners(self.sender):
+            run = WorkflowRun(id=settled.run_id, workflow=settled.workflow)
+            run.created_at = settled.run_created_at  # type: ignore[assignment]
+            self.run_finished(run, RunStatus.COMPLETED)
 
     def run_suspended(self, run: WorkflowRun, reason: str) -> None:
         self.send(signals.run_suspended, run_id=run.id, workflow=run.workflow, reason=reason)

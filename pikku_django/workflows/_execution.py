@@ -79,6 +79,9 @@ class Execution:
         )
         if settled is None:
             raise WorkflowStepSupersededError(step_id, attempt)
+        if settled.ended:
+            logger.info("Run %s", RunStatus.COMPLETED)
+            self.states.events.run_completed_by_step(settled)
         return settled
 
     def set_error(
@@ -178,8 +181,9 @@ class Execution:
                 raise error
             result = to_json(value, what)
             check_in_time(claimed)  # a late result is refused: the attempt timed out
+            done = success_wake(claimed, wake)
             return retrying(
-                lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+                lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=done)
             )
 
         with self._log_context(claimed):
@@ -199,6 +203,7 @@ class Execution:
         began: float,
     ) -> StepOutcome:
         what = f"The result of step {claimed.name!r}"
+        done = success_wake(claimed, wake)
 
         def transaction() -> Settled | None:
             # The function's writes and the fenced result commit together, or not at
@@ -207,7 +212,7 @@ class Execution:
                 result = to_json(registry.call_step_function(fn, claimed.input), what)
                 check_in_time(claimed)  # a late attempt's writes roll back
                 self._check_run_running(claimed)
-                return self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+                return self.set_result(claimed.step_id, result, claimed.attempt, wake=done)
 
         def call_and_settle() -> Settled | None:
             if claimed.transactional:
@@ -216,7 +221,7 @@ class Execution:
             result = to_json(registry.call_step_function(fn, claimed.input), what)
             check_in_time(claimed)  # a late result is refused: the attempt timed out
             return retrying(
-                lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=wake)
+                lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=done)
             )
 
         return self._settled(claimed, wake, info, began, call_and_settle)
@@ -340,6 +345,18 @@ class Execution:
         return StepOutcome.SUSPENDED
 
 
+def ends_run(claimed: ClaimedStep) -> bool:
+    """Whether the success of ``claimed`` ends its run (``registry.end_runs_with``)."""
+    definition = registry.get_step(claimed.function)
+    return definition is not None and definition.ends_run
+
+
+def success_wake(claimed: ClaimedStep, wake: Wake) -> Wake:
+    """What the success of ``claimed`` does to its run: ends it, for a step that ends
+    its run; else ``wake``."""
+    return Wake.END if ends_run(claimed) else wake
+
+
 def _carry_result(claimed: ClaimedStep, carried: CarriedRun, settled: Settled) -> None:
     """Bring the carried run up to date with its claimed step's success, and with its
     run as the settle found it (cancelled meanwhile, or woken)."""
@@ -349,7 +366,8 @@ def _carry_result(claimed: ClaimedStep, carried: CarriedRun, settled: Settled) -
     step.status, step.attempt = StepStatus.SUCCEEDED, claimed.attempt
     step.result, step.error = settled.result, None
     step.lease_expires_at = step.available_at = None
-    carried.run.status, carried.run.wakes = settled.run_status, settled.run_wakes
+    carried.run.status = RunStatus.COMPLETED if settled.ended else settled.run_status
+    carried.run.wakes = settled.run_wakes
 
 
 class _RunStoppedError(Exception):

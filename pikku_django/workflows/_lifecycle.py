@@ -16,6 +16,7 @@ from django.utils import timezone
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows._branches import failed_group
 from pikku_django.workflows._debounce import debounced_start
+from pikku_django.workflows._opening import opening_step
 from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._run_waits import announce_run_end
 from pikku_django.workflows._runs import RunStates
@@ -109,30 +110,32 @@ class RunLifecycle:
         inline: bool,
         options: RunOptions,
     ) -> WorkflowRun:
-        """Insert the run (IntegrityError if its idempotency key is taken)."""
-        with self.store.atomic():
-            run = self.store.runs().create(
-                workflow=definition.name,
-                input=payload,
-                inline=inline,
-                idempotency_key=idempotency_key,
-                priority=options.priority,
-                queue=options.queue,
-                start_at=options.start_at,
-                deadline_at=options.deadline_at,
-                # A keyed run waits, not due, until a worker gives it a slot.
-                concurrency_key=options.concurrency_key,
-                concurrency_limit=options.concurrency_limit,
-                key_waiting=options.concurrency_key is not None,
-                wake_at=None
-                if inline or options.concurrency_key is not None
-                else options.due_at(self.clock.now()),
-                trace_context=current_trace_context(),
-                version=definition.version,
-            )
-            self.states.events.run_started(run)
-            if not inline:
-                self.store.notify()
+        """Insert the run (IntegrityError if its idempotency key is taken), with its
+        opening step when its workflow declares one (see ``_opening``)."""
+        keyed = options.concurrency_key is not None
+        due = options.due_at(self.clock.now())
+        run = WorkflowRun(
+            workflow=definition.name,
+            input=payload,
+            inline=inline,
+            idempotency_key=idempotency_key,
+            priority=options.priority,
+            queue=options.queue,
+            start_at=options.start_at,
+            deadline_at=options.deadline_at,
+            # A keyed run waits, not due, until a worker gives it a slot.
+            concurrency_key=options.concurrency_key,
+            concurrency_limit=options.concurrency_limit,
+            key_waiting=keyed,
+            wake_at=None if inline or keyed else due,
+            trace_context=current_trace_context(),
+            version=definition.version,
+        )
+        opening = None if inline or keyed else opening_step(definition, run, self.store.config)
+        if opening is not None:
+            run.wake_at = None  # its step is claimed from the queue; its settle wakes it
+        self.store.create_run(run, opening, due)
+        self.states.events.run_started(run)
         return run
 
     def resume(self, run_id: uuid.UUID | str, data: Any) -> WorkflowRun:

@@ -79,6 +79,10 @@ class Wake(enum.Enum):
     PASS = "pass"  # noqa: S105 (not a password)
     #: Leave the run as it is (a retry is due later, or the pass is running).
     NONE = "none"
+    #: End the run, completed with the step's result (a step whose function ends its
+    #: run, see ``registry.end_runs_with``); where a parent step waits on the run, wake
+    #: it as :attr:`NOW` instead, for a pass to end it.
+    END = "end"
 
     @classmethod
     def of(cls, wake: bool | str | Wake) -> Wake:
@@ -170,6 +174,11 @@ class Settled:
     run_status: str
     run_wakes: int
     result: Any
+    #: Whether this settle ended the run (:attr:`Wake.END`).
+    ended: bool = False
+    #: The run's workflow and when it was created (for the signal of its end).
+    workflow: str = ""
+    run_created_at: datetime | None = None
 
 
 @dataclass(frozen=True)

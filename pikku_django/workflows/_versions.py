@@ -25,8 +25,9 @@ def version_admitted(
     an intake) records this code's now. With ``carried_only``, a run of a version
     this code does not carry is left to the workers that carry it."""
     if not run.version:
-        states.store.runs().filter(id=run.id, version="").update(version=definition.version)
-        run.version = definition.version
+        if definition.version:  # (a workflow without versions, e.g. a task's, has none)
+            states.store.runs().filter(id=run.id, version="").update(version=definition.version)
+            run.version = definition.version
         return True
     return not carried_only or run.version in definition.carried_versions
 

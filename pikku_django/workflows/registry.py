@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import inspect
 import threading
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, overload
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
@@ -35,6 +36,17 @@ _prefixes: dict[str, Callable[[str], WorkflowDefinition | None]] = {}
 
 #: The range of a run's priority (that of ``django.tasks``): higher is claimed first.
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
+
+
+@dataclass(frozen=True)
+class OpeningStep:
+    """The queued step a run's first pass reaches whatever it replays: its name, the
+    registered function it calls, its input and the ``ctx.do`` options it passes."""
+
+    name: str
+    function: str
+    data: Any
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,10 @@ class WorkflowDefinition:
     concurrency_limit: int = 1
     #: Seconds from a start to its run's deadline (None: no deadline).
     timeout: float | None = None
+    #: ``opening(run_id, input)``: the queued step every run of it reaches first (its
+    #: body's first call, e.g. a task run's one step). Stored with the run, scheduled,
+    #: so that a worker claims it without a first pass (None: the first pass stores it).
+    opening: Callable[[uuid.UUID, Any], OpeningStep] | None = None
 
     @property
     def carried_versions(self) -> frozenset[str]:
@@ -84,6 +100,8 @@ class StepDefinition:
     transactional: bool = False
     #: Seconds each attempt may run before it is failed with StepTimeoutError.
     timeout: float | None = None
+    #: Its success ends its run, completed with its result (see :func:`end_runs_with`).
+    ends_run: bool = False
 
     @property
     def is_async(self) -> bool:
@@ -308,6 +326,18 @@ def step(
         return func
 
     return register(fn) if fn is not None else register
+
+
+def end_runs_with(name: str) -> None:
+    """Make the registered step function ``name`` end its run when it succeeds, the
+    run completed with its result, in the transaction that records it (no pass after
+    it). Only for a function that is always the last call of its workflow's body,
+    whose result that body returns (the step of a ``django.tasks`` task run)."""
+    with _lock:
+        found = _steps.get(name)
+        if found is None:
+            raise ImproperlyConfigured(f"No step function is registered as {name!r}")
+        _steps[name] = replace(found, ends_run=True)
 
 
 def check_retries(retries: object) -> int:

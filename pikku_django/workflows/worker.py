@@ -18,6 +18,7 @@ from pikku_django.conf import pikku_settings
 from pikku_django.leases import HeldLease, LeaseTakenError, hold_lease
 from pikku_django.workflows._aio import AsyncSteps, is_async_step
 from pikku_django.workflows._connections import release_connections
+from pikku_django.workflows._execution import ends_run
 from pikku_django.workflows._heartbeat import WorkerHeartbeats
 from pikku_django.workflows._idle import IdleThreads
 from pikku_django.workflows._listen import listen_for_work
@@ -373,6 +374,8 @@ class Worker:
                     done += 1
                     if not chain or outcome not in (StepOutcome.SUCCEEDED, StepOutcome.FAILED):
                         return done
+                    if outcome is StepOutcome.SUCCEEDED and ends_run(claimed):
+                        return done  # its settle ended the run (or woke it for a pass)
                     owed = True
                     # No other pass can have run meanwhile only if the lease was kept.
                     kept = held is not None and outcome is StepOutcome.SUCCEEDED

@@ -65,6 +65,11 @@ class WorkflowStore(abc.ABC):
         self._config = config
 
     @property
+    def config(self) -> EngineConfig:
+        """The settings the store's engine runs by."""
+        return self._config()
+
+    @property
     def notifying(self) -> bool:
         """Whether new work is announced (``PIKKU["WORKER_NOTIFY"]``)."""
         return self._config().notify
@@ -227,6 +232,14 @@ class WorkflowStore(abc.ABC):
         waiting on it settle with it, their run woken at ``wake_at``): whether it
         changed; None where the caller must do it in a transaction (a parent waits, or
         the store has no one-statement form)."""
+
+    @abc.abstractmethod
+    def create_run(
+        self, run: WorkflowRun, opening: NewStep | None, due_at: datetime | None
+    ) -> None:
+        """Insert the new ``run`` (IntegrityError if its idempotency key is taken) and,
+        with ``opening``, its first queued step, scheduled at ``due_at``, together (in
+        the caller's transaction, if any); announce the work unless the run is inline."""
 
     @abc.abstractmethod
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:

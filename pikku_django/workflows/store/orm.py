@@ -203,10 +203,16 @@ class OrmStore(WorkflowStore):
                 status=status, finished_at=now, result=result, error=error
             )
             # The run as it was before any wake this settle makes.
-            run_status, run_wakes = (
-                self.runs().filter(id=run_id).values_list("status", "wakes").get()
+            run_status, run_wakes, workflow, created_at = (
+                self.runs()
+                .filter(id=run_id)
+                .values_list("status", "wakes", "workflow", "created_at")
+                .get()
             )
-            if wake is not Wake.NONE:
+            ended = wake is Wake.END and self._end_run_with(run_id, result, now)
+            if wake is Wake.END and not ended:
+                wake = Wake.NOW  # a parent step waits on it: a pass ends it
+            if wake is not Wake.NONE and not ended:
                 counted = 1 if wake is Wake.NOW else 0
                 woken = (
                     self.runs()
@@ -215,7 +221,19 @@ class OrmStore(WorkflowStore):
                 )
                 if woken and wake is Wake.NOW:
                     self.notify()
-        return Settled(run_id, run_status, run_wakes, self.as_stored(step_id, "result", result))
+        stored = self.as_stored(step_id, "result", result)
+        return Settled(run_id, run_status, run_wakes, stored, ended, workflow, created_at)
+
+    def _end_run_with(self, run_id: uuid.UUID, output: Any, now: datetime) -> bool:
+        """Complete the running run ``run_id`` with ``output``, unless a parent step
+        waits on it (its end settles that step, which a pass does): whether it ended."""
+        if self.steps().filter(child_run_id=run_id, status=StepStatus.RUNNING).exists():
+            return False
+        return bool(
+            self.runs()
+            .filter(id=run_id, status=RunStatus.RUNNING)
+            .update(status=RunStatus.COMPLETED, output=output, wake_at=None, updated_at=now)
+        )
 
     def claim_attempt(self, step: WorkflowStep, guard: Q, *, lease_ms: int, worker: str) -> bool:
         attempt = step.attempt + 1
@@ -223,7 +241,8 @@ class OrmStore(WorkflowStore):
         # (or otherwise settled) run's steps never run again.
         live_runs = self.runs().filter(status=RunStatus.RUNNING).values("id")
         now = timezone.now()
-        with self.atomic():
+        # Within a claim's transaction no savepoint: a failure here ends that claim.
+        with transaction.atomic(using=self.using, savepoint=False):
             won = (
                 self.steps()
                 .filter(guard, id=step.id, run_id__in=live_runs)
@@ -380,6 +399,18 @@ class OrmStore(WorkflowStore):
         wake_at: datetime | None = None,
     ) -> bool | None:
         return None
+
+    def create_run(
+        self, run: WorkflowRun, opening: NewStep | None, due_at: datetime | None
+    ) -> None:
+        with self.atomic():
+            run.save(force_insert=True, using=self.using)
+            if opening is not None:
+                self.steps().create(
+                    **opening.columns(), status=StepStatus.SCHEDULED, available_at=due_at
+                )
+            if not run.inline:
+                self.notify()
 
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
         ids = []

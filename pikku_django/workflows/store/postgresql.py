@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from pikku_django.dbclock import POSTGRESQL_NOW_MS
@@ -29,6 +30,7 @@ from pikku_django.models import (
 )
 from pikku_django.prepared import fetch, fetch_one
 from pikku_django.workflows._child_outcome import child_step_outcome
+from pikku_django.workflows._run_waits import RUN_DONE_CHANNEL
 from pikku_django.workflows._values import DueRun, NewStep, Settled, Wake
 from pikku_django.workflows.store._pg_finish import finish_run_sql
 from pikku_django.workflows.store.base import CHANNEL, NewRun, columns
@@ -195,15 +197,29 @@ def _statements() -> dict[str, str]:
             f"{s('updated_at')} = %s, {s('result')} = %s::jsonb, {s('error')} = %s::jsonb, "
             f"{s('available_at')} = %s, {s('retries')} = COALESCE(%s, {s('retries')}) "
             f"WHERE {s('id')} = %s AND {s('attempt')} = %s AND {s('status')} = %s "
-            f"RETURNING {s('run_id')} AS run_id, {s('result')}::text AS result), "
+            f"RETURNING {s('run_id')} AS run_id, {s('result')}::text AS result, "
+            f"{s('result')} AS stored), "
             f"a AS (UPDATE {ATTEMPTS} SET {a('status')} = %s, {a('finished_at')} = %s, "
             f"{a('result')} = %s::jsonb, {a('error')} = %s::jsonb "
             f"WHERE {a('step_id')} = %s AND {a('attempt')} = %s AND EXISTS (SELECT 1 FROM s)), "
-            f"r AS (UPDATE {RUNS} SET {r('wake_at')} = %s, {r('wakes')} = {r('wakes')} + %s, "
-            f"{r('updated_at')} = %s WHERE %s AND {r('id')} = (SELECT run_id FROM s) "
-            f"AND {r('status')} = %s RETURNING 1) "
+            # Wake.END: the run ends with the step's result, unless a parent step waits
+            # on it (then it is woken, for a pass to end it).
+            f"e AS (SELECT %s AND NOT EXISTS (SELECT 1 FROM {STEPS} WHERE "
+            f"{s('child_run')} = (SELECT run_id FROM s) AND {s('status')} = "
+            f"'{StepStatus.RUNNING}') AS ending), "
+            f"r AS (UPDATE {RUNS} SET "
+            f"{r('wake_at')} = CASE WHEN e.ending THEN NULL ELSE %s::timestamptz END, "
+            f"{r('wakes')} = {RUNS}.{r('wakes')} + CASE WHEN e.ending THEN 0 ELSE %s::bigint END, "
+            f"{r('status')} = CASE WHEN e.ending THEN '{RunStatus.COMPLETED}' "
+            f"ELSE {RUNS}.{r('status')} END, "
+            f"{r('output')} = CASE WHEN e.ending THEN s.stored ELSE {RUNS}.{r('output')} END, "
+            f"{r('updated_at')} = %s FROM e, s WHERE %s AND {RUNS}.{r('id')} = s.run_id "
+            f"AND {RUNS}.{r('status')} = %s RETURNING e.ending AS ended) "
             f"SELECT s.run_id, s.result, run.{r('status')}, run.{r('wakes')}, "
-            f"(SELECT count(pg_notify(%s, '')) FROM r WHERE %s) "
+            f"(SELECT count(CASE WHEN r.ended THEN pg_notify(%s, s.run_id::text) "
+            f"ELSE pg_notify(%s, '') END) FROM r WHERE %s), "
+            f"COALESCE((SELECT bool_or(r.ended) FROM r), false), "
+            f"run.{r('workflow')}, run.{r('created_at')} "
             f"FROM s JOIN {RUNS} run ON run.{r('id')} = s.run_id"
         ),
         "create_runs": (
@@ -374,7 +390,8 @@ class PostgresStore(OrmStore):
         wake_at: datetime | None = None,
     ) -> Settled | None:
         now = timezone.now()
-        waking = wake is Wake.NOW
+        ending = wake is Wake.END
+        waking = wake is Wake.NOW or ending  # END falls back to a wake
         touching = wake is not Wake.NONE
         res, err = _jsonb(result), _jsonb(error)
         params = [
@@ -393,11 +410,13 @@ class PostgresStore(OrmStore):
             err,
             step_id,
             attempt,
+            ending,
             (wake_at or now) if touching else None,
             1 if waking else 0,
             now,
             touching,
             RunStatus.RUNNING,
+            RUN_DONE_CHANNEL,
             CHANNEL,
             waking and self.notifying,
         ]
@@ -405,7 +424,43 @@ class PostgresStore(OrmStore):
         if row is None:
             return None
         # The run as this statement's snapshot saw it (before any wake it made).
-        return Settled(row[0], row[2], row[3], _loads(row[1]))
+        return Settled(row[0], row[2], row[3], _loads(row[1]), bool(row[5]), row[6], row[7])
+
+    def create_run(
+        self, run: WorkflowRun, opening: NewStep | None, due_at: datetime | None
+    ) -> None:
+        connection = connections[self.using]
+        if run.idempotency_key is not None and connection.in_atomic_block:
+            # A taken key must not break the caller's transaction: in a savepoint.
+            with self.atomic():
+                self._insert_run(run, opening, due_at)
+            return
+        # One statement, in the caller's transaction if there is one: no BEGIN or
+        # COMMIT of its own, and the announcement is sent when that commits.
+        self._insert_run(run, opening, due_at)
+
+    def _insert_run(
+        self, run: WorkflowRun, opening: NewStep | None, due_at: datetime | None
+    ) -> None:
+        connection = connections[self.using]
+        sql, values = _insert_sql(run, connection)
+        parts = [f"r AS ({sql} RETURNING {_c(WorkflowRun, 'id')})"]
+        params = list(values)
+        if opening is not None:
+            step = WorkflowStep(
+                **opening.columns(), status=StepStatus.SCHEDULED, available_at=due_at
+            )
+            sql, values = _insert_sql(step, connection)
+            parts.append(f"s AS ({sql})")
+            params.extend(values)
+        announce = self.notifying and not run.inline
+        sql = f"WITH {', '.join(parts)} SELECT " + (
+            "count(pg_notify(%s, '')) FROM r" if announce else "count(*) FROM r"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*params, CHANNEL] if announce else params)
+        run._state.adding = False
+        run._state.db = self.using
 
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
         if not runs:
@@ -444,6 +499,19 @@ class PostgresStore(OrmStore):
         if made:
             self.notify()
         return ids
+
+
+def _insert_sql(obj: Any, connection: Any) -> tuple[str, Sequence[Any]]:
+    """The INSERT of the new model instance ``obj``, as ``save()`` would make it (its
+    defaults and ``auto_now`` fields filled in on ``obj``), without running it."""
+    meta = obj._meta
+    fields = [f for f in meta.local_concrete_fields if not f.generated]
+    if obj.pk is None and meta.auto_field is not None:
+        fields = [f for f in fields if f is not meta.auto_field]
+    query = InsertQuery(type(obj))
+    query.insert_values(fields, [obj])
+    [(sql, params)] = query.get_compiler(connection=connection).as_sql()
+    return sql, params
 
 
 def _loads(text: str | None) -> Any:
