@@ -177,8 +177,8 @@ class Settled:
     #: Whether this settle ended the run (:attr:`Wake.END`).
     ended: bool = False
     #: The run's workflow and when it was created (for the signal of its end).
-    workflow: str = ""
-    run_created_at: datetime | None = None
+    workflow: str = field(default="", compare=False)
+    run_created_at: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -82,8 +82,9 @@ class Worker:
         )
         self.stopping = threading.Event()
         self._waits = IdleThreads()
-        #: Per thread: when it next looks for ready steps while runs keep it busy.
-        self._step_look = threading.local()
+        #: Per thread: whether it looks for ready steps before due runs, and when it
+        #: next looks for the other kind while one kind keeps it busy.
+        self._look = threading.local()
         self._idle: set[int] = set()
         self._in_flight: dict[int, ClaimedStep] = {}
         self._lock = threading.Lock()
@@ -313,22 +314,44 @@ class Worker:
             self._intake_lock.release()
 
     def _one_unit(self) -> int:
-        engine = self.engine
         claimer = StepClaimer(f"{self.name}:{threading.get_ident()}", tuple(self.queues))
-        done = 0
-        for due in engine.claim_due_run_rows(1):
-            done += self._carry(due.run.id, claimer, due=due)
+        look = self._look
+        if getattr(look, "steps_first", False):
+            # The last unit was ready steps alone (task runs, whose steps are stored
+            # with them): steps first, due runs at least once a chain's time.
+            done = self._ready_steps(claimer)
+            now = time.monotonic()
+            if (done and now < getattr(look, "next_runs", 0.0)) or self.stopping.is_set():
+                return done
+            look.next_runs = now + CHAIN_SECONDS
+            runs = self._due_runs(claimer)
+            look.steps_first = runs == 0
+            return done + runs
+        done = self._due_runs(claimer)
         if self.stopping.is_set():
             return done
         # A thread kept busy by due runs looks for ready steps once a chain's time,
         # not after every run: the steps its passes reach it claims as it goes.
         now = time.monotonic()
-        if done and now < getattr(self._step_look, "next", 0.0):
+        if done and now < getattr(look, "next_steps", 0.0):
             return done
-        self._step_look.next = now + CHAIN_SECONDS
-        for claimed in engine.claim_due_steps(self.queues, 1, claimer.worker):
-            done += self._carry(claimed.run_id, claimer, claimed)
-        return done
+        look.next_steps = now + CHAIN_SECONDS
+        steps = self._ready_steps(claimer)
+        look.steps_first = steps > 0 and done == 0
+        return done + steps
+
+    def _due_runs(self, claimer: StepClaimer) -> int:
+        """Claim a due run and carry it on: how many passes and steps that was."""
+        return sum(
+            self._carry(due.run.id, claimer, due=due) for due in self.engine.claim_due_run_rows(1)
+        )
+
+    def _ready_steps(self, claimer: StepClaimer) -> int:
+        """Claim a ready step and carry its run on: how many steps and passes that was."""
+        return sum(
+            self._carry(claimed.run_id, claimer, claimed)
+            for claimed in self.engine.claim_due_steps(self.queues, 1, claimer.worker)
+        )
 
     def _carry(
         self,
