@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import cast
 
 from django.db.models import Q
@@ -112,20 +112,8 @@ class Claims:
         claimed_at = time.monotonic()  # before the claim: the worker's deadline is never late
         if not self.store.claim_attempt(step, guard, lease_ms=lease_ms, worker=worker):
             return None
-        return ClaimedStep(
-            step_id=step.id,
-            run_id=step.run_id,
-            name=step.name,
-            function=step.function,
-            input=step.input,
-            attempt=step.attempt + 1,
-            transactional=step.transactional,
-            lease_ms=lease_ms,
-            queue=step.queue,
-            reclaimed=step.status == StepStatus.RUNNING,
-            claimed_at=claimed_at,
-            timeout=step.timeout,
-        )
+        reclaimed = step.status == StepStatus.RUNNING
+        return _claimed(step, step.attempt + 1, lease_ms, claimed_at, reclaimed=reclaimed)
 
     def claim_inline(self, step: WorkflowStep) -> ClaimedStep | None:
         """A new attempt of an inline step (the run lease keeps other passes out)."""
@@ -186,6 +174,10 @@ class Claims:
             for q in config.queues.values()
             if config.is_limited(q.name) and (not served or q.name in served)
         ]
+        if not limited:  # (limited queues' steps are claimed in the claim order with them)
+            fresh = self._claim_fresh(now, served, limit, worker or default_worker_id())
+            if fresh:
+                return fresh
         claimed: list[ClaimedStep] = []
         with self.store.claims_serialised(), self.store.limited_claim(limited):
             # A limited queue's free slots: its limit less its claims whose lease
@@ -207,6 +199,26 @@ class Claims:
                             record_claim(self.store, step.queue)
         return claimed
 
+    def _claim_fresh(
+        self, now: datetime, served: list[str], limit: int, worker: str
+    ) -> list[ClaimedStep]:
+        """Steps not attempted yet claimed in one statement, where the store has one
+        (their claim decision is that they are due), while no queue served has limits."""
+        config = self.config
+        names = set(config.queues) | set(config.queue_lease_ms)
+        claimed_at = time.monotonic()  # before the claim: the worker's deadline is never late
+        rows = self.store.claim_fresh_steps(
+            now,
+            served,
+            limit,
+            worker=worker,
+            leases={name: config.lease_ms_for_queue(name) for name in names},
+            default_lease_ms=config.step_lease_ms,
+        )
+        return [
+            _claimed(step, step.attempt, lease, claimed_at, reclaimed=False) for step, lease in rows
+        ]
+
     def _free_slots(self, queue: str) -> int:
         """How many more of ``queue``'s steps may be claimed now, by its limits."""
         config = self.config
@@ -218,3 +230,23 @@ class Claims:
         if rate is not None:
             slots.append(free_claims(self.store, queue, rate))
         return min(slots, default=1)
+
+
+def _claimed(
+    step: WorkflowStep, attempt: int, lease_ms: int, claimed_at: float, *, reclaimed: bool
+) -> ClaimedStep:
+    """The claim of ``attempt`` of ``step``."""
+    return ClaimedStep(
+        step_id=step.id,
+        run_id=step.run_id,
+        name=step.name,
+        function=step.function,
+        input=step.input,
+        attempt=attempt,
+        transactional=step.transactional,
+        lease_ms=lease_ms,
+        queue=step.queue,
+        reclaimed=reclaimed,
+        claimed_at=claimed_at,
+        timeout=step.timeout,
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -177,6 +177,26 @@ class WorkflowStore(abc.ABC):
     @abc.abstractmethod
     def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
         """Whether a queued step may be ready to claim (a cheap look, before claiming)."""
+
+    def claim_fresh_steps(
+        self,
+        now: datetime,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker: str,
+        leases: Mapping[str, int],
+        default_lease_ms: int,
+        exclude: Sequence[str] = (),
+    ) -> list[tuple[WorkflowStep, int]]:
+        """Claim, in one statement where the database allows, ready steps that have not
+        been attempted yet (scheduled or pending, and due) of running worker runs in
+        ``queues`` (all when empty) but not in ``exclude``, as their next attempt under
+        this worker's lease (``leases`` by queue, else ``default_lease_ms``, capped by
+        each one's timeout), in the claim order: each step as claimed and its lease.
+        Empty where the store has no such statement: the caller claims through
+        :meth:`lock_ready_steps`."""
+        return []
 
     @abc.abstractmethod
     def lock_ready_steps(

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +35,9 @@ from pikku_django.workflows._values import DueRun, NewStep, Settled, Wake
 from pikku_django.workflows.store._pg_finish import finish_run_sql
 from pikku_django.workflows.store.base import CHANNEL, NewRun, columns
 from pikku_django.workflows.store.orm import OrmStore, queue_lock_name
+
+#: The lease of a step without a timeout is not capped (the largest bigint).
+_NO_CAP = 2**63 - 1
 
 #: The first key of the advisory locks that limited queues' claims take.
 QUEUE_LOCK_SPACE = 0x70696B6B
@@ -222,6 +225,13 @@ def _statements() -> dict[str, str]:
             f"run.{r('workflow')}, run.{r('created_at')} "
             f"FROM s JOIN {RUNS} run ON run.{r('id')} = s.run_id"
         ),
+        # The ready steps of the first branch (scheduled or pending, and due), claimed
+        # as their next attempt in one statement, each under its queue's lease (capped
+        # by its timeout). Parameters: queues' names and leases, the default lease,
+        # now, the queues served (in the _on form), the queues left out, the limit,
+        # updated at, the worker and started at.
+        "claim_fresh_steps": _claim_fresh(fresh_on=False),
+        "claim_fresh_steps_on": _claim_fresh(fresh_on=True),
         "create_runs": (
             f"INSERT INTO {RUNS} "
             f"({columns(run, RUN_FIELDS + RUN_FIELDS_REST + RUN_OPTION_FIELDS, _q)}) "
@@ -239,6 +249,39 @@ def _statements() -> dict[str, str]:
             f"(SELECT * FROM unnest(%s::text[], %s::text[]))"
         ),
     }
+
+
+def _claim_fresh(*, fresh_on: bool) -> str:
+    step, run, att = WorkflowStep, WorkflowRun, StepAttempt
+
+    def s(name: str) -> str:
+        return _c(step, name)
+
+    fresh = _ready_branches()[0][0]
+    served = f" AND {s('queue')} = ANY(%s)" if fresh_on else ""
+    lease = (
+        f"LEAST(COALESCE((SELECT q.l FROM unnest(%s::text[], %s::bigint[]) AS q(n, l) "
+        f"WHERE q.n = {s('queue')}), %s::bigint), CASE WHEN {s('timeout')} IS NULL "
+        f"THEN %s::bigint ELSE GREATEST(1, floor({s('timeout')} * 1000))::bigint END)"
+    )
+    returned = ", ".join(f"{STEPS}.{_q(str(f.column))}" for f in step._meta.concrete_fields)
+    attempt_cols = columns(att, ("step_id", "attempt", "status", "worker", "started_at"), _q)
+    return (
+        f"WITH c AS (SELECT {s('id')} AS id, {lease} AS lease FROM {STEPS} "
+        f"WHERE {s('kind')} = '{StepKind.QUEUED}' AND {fresh}{served} "
+        f"AND NOT {s('queue')} = ANY(%s) AND {s('run_id')} IN (SELECT {_c(run, 'id')} "
+        f"FROM {RUNS} WHERE {_c(run, 'status')} = '{RunStatus.RUNNING}' "
+        f"AND NOT {_c(run, 'inline')}) "
+        f"ORDER BY {s('priority')} DESC, {s('id')} LIMIT %s FOR UPDATE SKIP LOCKED), "
+        f"u AS (UPDATE {STEPS} SET {s('status')} = '{StepStatus.RUNNING}', "
+        f"{s('attempt')} = {STEPS}.{s('attempt')} + 1, {s('result')} = NULL, "
+        f"{s('error')} = NULL, {s('available_at')} = NULL, "
+        f"{s('lease_expires_at')} = {POSTGRESQL_NOW_MS} + c.lease, {s('updated_at')} = %s "
+        f"FROM c WHERE {STEPS}.{s('id')} = c.id RETURNING {returned}, c.lease AS lease), "
+        f"a AS (INSERT INTO {ATTEMPTS} ({attempt_cols}) "
+        f"SELECT u.{s('id')}, u.{s('attempt')}, '{StepStatus.RUNNING}', %s, %s FROM u) "
+        f"SELECT * FROM u ORDER BY u.{s('priority')} DESC, u.{s('id')}"
+    )
 
 
 class PostgresStore(OrmStore):
@@ -270,6 +313,27 @@ class PostgresStore(OrmStore):
                     [QUEUE_LOCK_SPACE, queue_lock_name(queue)],
                 )
             yield
+
+    def claim_fresh_steps(
+        self,
+        now: datetime,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker: str,
+        leases: Mapping[str, int],
+        default_lease_ms: int,
+        exclude: Sequence[str] = (),
+    ) -> list[tuple[WorkflowStep, int]]:
+        stamp = timezone.now()
+        params: list[Any] = [list(leases), [int(v) for v in leases.values()]]
+        params += [int(default_lease_ms), _NO_CAP, now]
+        if queues:
+            params.append(list(queues))
+        params += [list(exclude), limit, stamp, worker[:255], stamp]
+        name = "claim_fresh_steps_on" if queues else "claim_fresh_steps"
+        rows = fetch(self.using, self._sql(name), params)
+        return [(_from_db(self.using, WorkflowStep, row[:-1]), int(row[-1])) for row in rows]
 
     def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
         if queues:
