@@ -201,3 +201,35 @@ def test_a_settle_does_not_end_a_run_that_was_cancelled(vendor: str, alias: str)
     assert not settled.ended
     run.refresh_from_db()
     assert (run.status, run.output) == (RunStatus.CANCELLED, None)
+
+
+@pytest.mark.django_db(databases=["default", "postgres"], transaction=True)
+def test_run_ends_are_announced_by_the_statement_that_ends_them(settings: Any) -> None:
+    """A task completed in its step's settle, and a failed one ended by its pass, are
+    each announced once on the run-end channel, and by no statement of their own."""
+    import psycopg
+
+    from pikku_django.workflows._run_waits import RUN_DONE_CHANNEL
+
+    alias = database_alias("postgres")
+    settings.PIKKU = {"WORKFLOW_DATABASE": alias, "LEASE_BACKEND": "memory"}
+    reset_engine()
+    params = connections[alias].get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    listener = psycopg.connect(**params, autocommit=True)
+    try:
+        listener.execute(f"LISTEN {RUN_DONE_CHANNEL}")
+        done, failed = defs.add.enqueue(1), defs.fail_once_only.enqueue()
+        with CaptureQueriesContext(connections[alias]) as queries:
+            get_engine().run_until_idle()
+        alone = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT pg_")]
+        assert alone == []
+        heard = [n.payload for n in listener.notifies(timeout=2.0, stop_after=2)]
+        assert sorted(heard) == sorted([done.id, failed.id])
+        statuses = {r.id: r.status for r in WorkflowRun.objects.using(alias)}
+        assert statuses[uuid.UUID(done.id)] == RunStatus.COMPLETED
+        assert statuses[uuid.UUID(failed.id)] == RunStatus.FAILED
+    finally:
+        listener.close()
+        reset_engine()

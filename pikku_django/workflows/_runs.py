@@ -94,6 +94,7 @@ class RunStates:
     ) -> None:
         """End a running run (completed, failed) and settle the parent steps waiting on it."""
         changed = self.store.finish_run(run.id, status, output, error, wake_at=self.clock.now())
+        announced = changed is not None  # the one statement announced it
         if changed is None:
             with self.store.atomic():
                 changed = bool(
@@ -110,7 +111,8 @@ class RunStates:
                 if changed:
                     self.settle_parents(run.id, status, output, error)
         if changed:
-            announce_run_end(self.store.using, run.id, notifying=self.store.notifying)
+            if not announced:
+                announce_run_end(self.store.using, run.id, notifying=self.store.notifying)
             with log_context(workflow=run.workflow, run_id=str(run.id)):
                 if status == RunStatus.FAILED:
                     logger.warning("Run failed: %s", describe_error(error))

@@ -22,7 +22,8 @@ def _q(name: str) -> str:
 def finish_run_sql() -> str:
     """Parameters: child id, status, output, error, updated at, child id, step status,
     step result, step error, failed, updated at, finished at, updated at, wake at,
-    updated at, failed, channel. Returns (changed, a plain parent waits)."""
+    updated at, failed, channel, the run-end channel, whether to announce the end there.
+    Returns (changed, a plain parent waits, ...): the end is announced with the change."""
     runs, steps, atts = (_q(m._meta.db_table) for m in (WorkflowRun, WorkflowStep, StepAttempt))
 
     def r(name: str) -> str:
@@ -72,5 +73,6 @@ def finish_run_sql() -> str:
         f"AND {r('status')} = {running} "
         f"AND EXISTS (SELECT 1 FROM g WHERE open <= 0 OR %s) RETURNING 1) "
         f"SELECT EXISTS (SELECT 1 FROM r), (SELECT waiting FROM plain), "
-        f"(SELECT count(pg_notify(%s, '')) FROM w)"
+        f"(SELECT count(pg_notify(%s, '')) FROM w), "
+        f"(SELECT count(pg_notify(%s, r.{r('id')}::text)) FROM r WHERE %s)"
     )

@@ -249,9 +249,9 @@ class WorkflowStore(abc.ABC):
         wake_at: datetime | None = None,
     ) -> bool | None:
         """End a run no plain parent step waits on in one statement (parallel branches
-        waiting on it settle with it, their run woken at ``wake_at``): whether it
-        changed; None where the caller must do it in a transaction (a parent waits, or
-        the store has no one-statement form)."""
+        waiting on it settle with it, their run woken at ``wake_at``), its end announced
+        to those waiting for it: whether it changed; None where the caller must do it
+        in a transaction (a parent waits, or the store has no one-statement form)."""
 
     @abc.abstractmethod
     def create_run(

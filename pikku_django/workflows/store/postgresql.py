@@ -375,8 +375,10 @@ class PostgresStore(OrmStore):
             now,
             failed,
             CHANNEL,
+            RUN_DONE_CHANNEL,
+            self.notifying,
         ]
-        changed, waiting, _woken = fetch_one(self.using, finish_run_sql(), params)
+        changed, waiting, _woken, _announced = fetch_one(self.using, finish_run_sql(), params)
         return None if waiting else bool(changed)
 
     @staticmethod
