@@ -22,6 +22,7 @@ from pikku_django.workflows._execution import ends_run
 from pikku_django.workflows._heartbeat import WorkerHeartbeats
 from pikku_django.workflows._idle import IdleThreads
 from pikku_django.workflows._listen import listen_for_work
+from pikku_django.workflows._look_order import LookOrder
 from pikku_django.workflows._run_hold import give_back, take_run_lease, wake_owed
 from pikku_django.workflows._sweeps import pending_summary, wake_stalled_runs
 from pikku_django.workflows._values import DueRun, StepOutcome, Wake
@@ -82,9 +83,8 @@ class Worker:
         )
         self.stopping = threading.Event()
         self._waits = IdleThreads()
-        #: Per thread: whether it looks for ready steps before due runs, and when it
-        #: next looks for the other kind while one kind keeps it busy.
-        self._look = threading.local()
+        #: Per thread: whether it looks for due runs or ready steps first.
+        self._look = LookOrder(CHAIN_SECONDS)
         self._idle: set[int] = set()
         self._in_flight: dict[int, ClaimedStep] = {}
         self._lock = threading.Lock()
@@ -315,30 +315,9 @@ class Worker:
 
     def _one_unit(self) -> int:
         claimer = StepClaimer(f"{self.name}:{threading.get_ident()}", tuple(self.queues))
-        look = self._look
-        if getattr(look, "steps_first", False):
-            # The last unit was ready steps alone (task runs, whose steps are stored
-            # with them): steps first, due runs at least once a chain's time.
-            done = self._ready_steps(claimer)
-            now = time.monotonic()
-            if (done and now < getattr(look, "next_runs", 0.0)) or self.stopping.is_set():
-                return done
-            look.next_runs = now + CHAIN_SECONDS
-            runs = self._due_runs(claimer)
-            look.steps_first = runs == 0
-            return done + runs
-        done = self._due_runs(claimer)
-        if self.stopping.is_set():
-            return done
-        # A thread kept busy by due runs looks for ready steps once a chain's time,
-        # not after every run: the steps its passes reach it claims as it goes.
-        now = time.monotonic()
-        if done and now < getattr(look, "next_steps", 0.0):
-            return done
-        look.next_steps = now + CHAIN_SECONDS
-        steps = self._ready_steps(claimer)
-        look.steps_first = steps > 0 and done == 0
-        return done + steps
+        return self._look.one_unit(
+            lambda: self._due_runs(claimer), lambda: self._ready_steps(claimer), self.stopping
+        )
 
     def _due_runs(self, claimer: StepClaimer) -> int:
         """Claim a due run and carry it on: how many passes and steps that was."""

@@ -9,7 +9,8 @@ from django.db import connections
 from pikku_django.workflows._values import NewStep, NextDue, Settled
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.store.base import CHANNEL, NewRun, WorkflowStore, columns
-from pikku_django.workflows.store.orm import MysqlStore, OrmStore, SqliteStore
+from pikku_django.workflows.store.orm import OrmStore
+from pikku_django.workflows.store.vendors import MysqlStore, SqliteStore
 
 
 def store_for(using: str, config: Callable[[], EngineConfig] = engine_config) -> WorkflowStore:

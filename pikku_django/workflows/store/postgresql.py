@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from pikku_django.dbclock import POSTGRESQL_NOW_MS
 from pikku_django.models import (
     RunStatus,
     StepAttempt,
-    StepKind,
     StepStatus,
     WorkflowRun,
     WorkflowStep,
@@ -33,11 +30,23 @@ from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._run_waits import RUN_DONE_CHANNEL
 from pikku_django.workflows._values import DueRun, NewStep, Settled, Wake
 from pikku_django.workflows.store._pg_finish import finish_run_sql
+from pikku_django.workflows.store._pg_sql import (
+    ATTEMPTS,
+    NO_CAP,
+    RUNS,
+    STEPS,
+    _all_columns,
+    _c,
+    _claim_fresh,
+    _from_db,
+    _insert_sql,
+    _jsonb,
+    _loads,
+    _q,
+    _ready_exists,
+)
 from pikku_django.workflows.store.base import CHANNEL, NewRun, columns
 from pikku_django.workflows.store.orm import OrmStore, queue_lock_name
-
-#: The lease of a step without a timeout is not capped (the largest bigint).
-_NO_CAP = 2**63 - 1
 
 #: The first key of the advisory locks that limited queues' claims take.
 QUEUE_LOCK_SPACE = 0x70696B6B
@@ -71,75 +80,6 @@ STEP_STATE_FIELDS = (
 RUN_FIELDS = ("id", "workflow", "status", "input", "output", "error", "suspend_reason")
 RUN_FIELDS_REST = ("inline", "idempotency_key", "wake_at", "wakes", "created_at", "updated_at")
 RUN_OPTION_FIELDS = ("priority", "queue", "start_at", "deadline_at")
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _t(model: type[Any]) -> str:
-    return _q(model._meta.db_table)
-
-
-def _c(model: type[Any], name: str) -> str:
-    return columns(model, (name,), _q)
-
-
-#: Tables and the columns the statements use, by their model names.
-RUNS, STEPS, ATTEMPTS = _t(WorkflowRun), _t(WorkflowStep), _t(StepAttempt)
-
-
-def _ready_branches() -> list[tuple[str, str]]:
-    """The one rule of a ready step, as SQL: each branch's condition (the first two
-    take ``now`` as a parameter) and the column its index orders it by."""
-
-    def s(name: str) -> str:
-        return _c(WorkflowStep, name)
-
-    return [
-        (
-            f"{s('status')} IN ('{StepStatus.SCHEDULED}', '{StepStatus.PENDING}') "
-            f"AND {s('available_at')} <= %s",
-            s("available_at"),
-        ),
-        (
-            f"{s('status')} = '{StepStatus.FAILED}' AND {s('attempt')} < {s('retries')} + 1 "
-            f"AND {s('available_at')} <= %s",
-            s("available_at"),
-        ),
-        (
-            f"{s('status')} = '{StepStatus.RUNNING}' "
-            f"AND {s('lease_expires_at')} < {POSTGRESQL_NOW_MS}",
-            s("lease_expires_at"),
-        ),
-    ]
-
-
-def _ready_exists(queue: str) -> str:
-    """Whether a queued step is ready: one EXISTS per branch, each read in its
-    partial index's order, so that even a generic plan takes the index."""
-    kind = f"{_c(WorkflowStep, 'kind')} = '{StepKind.QUEUED}'"
-    return "SELECT " + " OR ".join(
-        f"EXISTS (SELECT 1 FROM {STEPS} WHERE {kind} AND {cond}{queue} ORDER BY {order} LIMIT 1)"
-        for cond, order in _ready_branches()
-    )
-
-
-def _all_columns(model: type[Any]) -> str:
-    """Every concrete column of ``model``, in the order of its fields (for ``from_db``)."""
-    return ", ".join(_q(str(f.column)) for f in model._meta.concrete_fields)
-
-
-def _from_db(using: str, model: type[Any], row: Sequence[Any]) -> Any:
-    """A model instance from a row of :func:`_all_columns`, its values converted as
-    the ORM converts them (JSON columns arrive as text)."""
-    connection = connections[using]
-    fields = model._meta.concrete_fields
-    values = [
-        f.from_db_value(v, None, connection) if hasattr(f, "from_db_value") else v
-        for f, v in zip(fields, row, strict=True)
-    ]
-    return model.from_db(using, [f.attname for f in fields], values)
 
 
 @functools.cache
@@ -251,39 +191,6 @@ def _statements() -> dict[str, str]:
     }
 
 
-def _claim_fresh(*, fresh_on: bool) -> str:
-    step, run, att = WorkflowStep, WorkflowRun, StepAttempt
-
-    def s(name: str) -> str:
-        return _c(step, name)
-
-    fresh = _ready_branches()[0][0]
-    served = f" AND {s('queue')} = ANY(%s)" if fresh_on else ""
-    lease = (
-        f"LEAST(COALESCE((SELECT q.l FROM unnest(%s::text[], %s::bigint[]) AS q(n, l) "
-        f"WHERE q.n = {s('queue')}), %s::bigint), CASE WHEN {s('timeout')} IS NULL "
-        f"THEN %s::bigint ELSE GREATEST(1, floor({s('timeout')} * 1000))::bigint END)"
-    )
-    returned = ", ".join(f"{STEPS}.{_q(str(f.column))}" for f in step._meta.concrete_fields)
-    attempt_cols = columns(att, ("step_id", "attempt", "status", "worker", "started_at"), _q)
-    return (
-        f"WITH c AS (SELECT {s('id')} AS id, {lease} AS lease FROM {STEPS} "
-        f"WHERE {s('kind')} = '{StepKind.QUEUED}' AND {fresh}{served} "
-        f"AND NOT {s('queue')} = ANY(%s) AND {s('run_id')} IN (SELECT {_c(run, 'id')} "
-        f"FROM {RUNS} WHERE {_c(run, 'status')} = '{RunStatus.RUNNING}' "
-        f"AND NOT {_c(run, 'inline')}) "
-        f"ORDER BY {s('priority')} DESC, {s('id')} LIMIT %s FOR UPDATE SKIP LOCKED), "
-        f"u AS (UPDATE {STEPS} SET {s('status')} = '{StepStatus.RUNNING}', "
-        f"{s('attempt')} = {STEPS}.{s('attempt')} + 1, {s('result')} = NULL, "
-        f"{s('error')} = NULL, {s('available_at')} = NULL, "
-        f"{s('lease_expires_at')} = {POSTGRESQL_NOW_MS} + c.lease, {s('updated_at')} = %s "
-        f"FROM c WHERE {STEPS}.{s('id')} = c.id RETURNING {returned}, c.lease AS lease), "
-        f"a AS (INSERT INTO {ATTEMPTS} ({attempt_cols}) "
-        f"SELECT u.{s('id')}, u.{s('attempt')}, '{StepStatus.RUNNING}', %s, %s FROM u) "
-        f"SELECT * FROM u ORDER BY u.{s('priority')} DESC, u.{s('id')}"
-    )
-
-
 class PostgresStore(OrmStore):
     """PostgreSQL: the hot path as single statements, and LISTEN/NOTIFY."""
 
@@ -327,7 +234,7 @@ class PostgresStore(OrmStore):
     ) -> list[tuple[WorkflowStep, int]]:
         stamp = timezone.now()
         params: list[Any] = [list(leases), [int(v) for v in leases.values()]]
-        params += [int(default_lease_ms), _NO_CAP, now]
+        params += [int(default_lease_ms), NO_CAP, now]
         if queues:
             params.append(list(queues))
         params += [list(exclude), limit, stamp, worker[:255], stamp]
@@ -508,23 +415,20 @@ class PostgresStore(OrmStore):
     def _insert_run(
         self, run: WorkflowRun, opening: NewStep | None, due_at: datetime | None
     ) -> None:
-        connection = connections[self.using]
-        sql, values = _insert_sql(run, connection)
+        sql, params = _insert_sql(run)
         parts = [f"r AS ({sql} RETURNING {_c(WorkflowRun, 'id')})"]
-        params = list(values)
         if opening is not None:
             step = WorkflowStep(
                 **opening.columns(), status=StepStatus.SCHEDULED, available_at=due_at
             )
-            sql, values = _insert_sql(step, connection)
+            sql, values = _insert_sql(step)
             parts.append(f"s AS ({sql})")
             params.extend(values)
         announce = self.notifying and not run.inline
         sql = f"WITH {', '.join(parts)} SELECT " + (
             "count(pg_notify(%s, '')) FROM r" if announce else "count(*) FROM r"
         )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [*params, CHANNEL] if announce else params)
+        fetch(self.using, sql, [*params, CHANNEL] if announce else params)
         run._state.adding = False
         run._state.db = self.using
 
@@ -565,26 +469,3 @@ class PostgresStore(OrmStore):
         if made:
             self.notify()
         return ids
-
-
-def _insert_sql(obj: Any, connection: Any) -> tuple[str, Sequence[Any]]:
-    """The INSERT of the new model instance ``obj``, as ``save()`` would make it (its
-    defaults and ``auto_now`` fields filled in on ``obj``), without running it."""
-    meta = obj._meta
-    fields = [f for f in meta.local_concrete_fields if not f.generated]
-    if obj.pk is None and meta.auto_field is not None:
-        fields = [f for f in fields if f is not meta.auto_field]
-    query = InsertQuery(type(obj))
-    query.insert_values(fields, [obj])
-    [(sql, params)] = query.get_compiler(connection=connection).as_sql()
-    return sql, params
-
-
-def _loads(text: str | None) -> Any:
-    """A JSON column read back as text, decoded as the ORM decodes it."""
-    return None if text is None else json.loads(text)
-
-
-def _jsonb(value: Any) -> str | None:
-    """A JSON value as text for a ``::jsonb`` parameter (SQL NULL for None, as the ORM)."""
-    return None if value is None else json.dumps(value)

@@ -1,0 +1,172 @@
+"""The SQL of the PostgreSQL store: names, the ready rule, rows read back, the claim of
+steps not attempted yet, and new rows' INSERTs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections
+from django.db.models import JSONField
+
+from pikku_django.dbclock import POSTGRESQL_NOW_MS
+from pikku_django.models import (
+    RunStatus,
+    StepAttempt,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+)
+from pikku_django.workflows.store.base import columns
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _t(model: type[Any]) -> str:
+    return _q(model._meta.db_table)
+
+
+def _c(model: type[Any], name: str) -> str:
+    return columns(model, (name,), _q)
+
+
+#: Tables and the columns the statements use, by their model names.
+RUNS, STEPS, ATTEMPTS = _t(WorkflowRun), _t(WorkflowStep), _t(StepAttempt)
+
+
+def _ready_branches() -> list[tuple[str, str]]:
+    """The one rule of a ready step, as SQL: each branch's condition (the first two
+    take ``now`` as a parameter) and the column its index orders it by."""
+
+    def s(name: str) -> str:
+        return _c(WorkflowStep, name)
+
+    return [
+        (
+            f"{s('status')} IN ('{StepStatus.SCHEDULED}', '{StepStatus.PENDING}') "
+            f"AND {s('available_at')} <= %s",
+            s("available_at"),
+        ),
+        (
+            f"{s('status')} = '{StepStatus.FAILED}' AND {s('attempt')} < {s('retries')} + 1 "
+            f"AND {s('available_at')} <= %s",
+            s("available_at"),
+        ),
+        (
+            f"{s('status')} = '{StepStatus.RUNNING}' "
+            f"AND {s('lease_expires_at')} < {POSTGRESQL_NOW_MS}",
+            s("lease_expires_at"),
+        ),
+    ]
+
+
+def _ready_exists(queue: str) -> str:
+    """Whether a queued step is ready: one EXISTS per branch, each read in its
+    partial index's order, so that even a generic plan takes the index."""
+    kind = f"{_c(WorkflowStep, 'kind')} = '{StepKind.QUEUED}'"
+    return "SELECT " + " OR ".join(
+        f"EXISTS (SELECT 1 FROM {STEPS} WHERE {kind} AND {cond}{queue} ORDER BY {order} LIMIT 1)"
+        for cond, order in _ready_branches()
+    )
+
+
+def _all_columns(model: type[Any]) -> str:
+    """Every concrete column of ``model``, in the order of its fields (for ``from_db``)."""
+    return ", ".join(_q(str(f.column)) for f in model._meta.concrete_fields)
+
+
+def _from_db(using: str, model: type[Any], row: Sequence[Any]) -> Any:
+    """A model instance from a row of :func:`_all_columns`, its values converted as
+    the ORM converts them (JSON columns arrive as text)."""
+    connection = connections[using]
+    fields = model._meta.concrete_fields
+    values = [
+        f.from_db_value(v, None, connection) if hasattr(f, "from_db_value") else v
+        for f, v in zip(fields, row, strict=True)
+    ]
+    return model.from_db(using, [f.attname for f in fields], values)
+
+
+#: The lease of a step without a timeout is not capped (the largest bigint).
+NO_CAP = 2**63 - 1
+
+
+def _claim_fresh(*, fresh_on: bool) -> str:
+    step, run, att = WorkflowStep, WorkflowRun, StepAttempt
+
+    def s(name: str) -> str:
+        return _c(step, name)
+
+    fresh = _ready_branches()[0][0]
+    served = f" AND {s('queue')} = ANY(%s)" if fresh_on else ""
+    lease = (
+        f"LEAST(COALESCE((SELECT q.l FROM unnest(%s::text[], %s::bigint[]) AS q(n, l) "
+        f"WHERE q.n = {s('queue')}), %s::bigint), CASE WHEN {s('timeout')} IS NULL "
+        f"THEN %s::bigint ELSE GREATEST(1, floor({s('timeout')} * 1000))::bigint END)"
+    )
+    returned = ", ".join(f"{STEPS}.{_q(str(f.column))}" for f in step._meta.concrete_fields)
+    attempt_cols = columns(att, ("step_id", "attempt", "status", "worker", "started_at"), _q)
+    return (
+        f"WITH c AS (SELECT {s('id')} AS id, {lease} AS lease FROM {STEPS} "
+        f"WHERE {s('kind')} = '{StepKind.QUEUED}' AND {fresh}{served} "
+        f"AND NOT {s('queue')} = ANY(%s) AND {s('run_id')} IN (SELECT {_c(run, 'id')} "
+        f"FROM {RUNS} WHERE {_c(run, 'status')} = '{RunStatus.RUNNING}' "
+        f"AND NOT {_c(run, 'inline')}) "
+        f"ORDER BY {s('priority')} DESC, {s('id')} LIMIT %s FOR UPDATE SKIP LOCKED), "
+        f"u AS (UPDATE {STEPS} SET {s('status')} = '{StepStatus.RUNNING}', "
+        f"{s('attempt')} = {STEPS}.{s('attempt')} + 1, {s('result')} = NULL, "
+        f"{s('error')} = NULL, {s('available_at')} = NULL, "
+        f"{s('lease_expires_at')} = {POSTGRESQL_NOW_MS} + c.lease, {s('updated_at')} = %s "
+        f"FROM c WHERE {STEPS}.{s('id')} = c.id RETURNING {returned}, c.lease AS lease), "
+        f"a AS (INSERT INTO {ATTEMPTS} ({attempt_cols}) "
+        f"SELECT u.{s('id')}, u.{s('attempt')}, '{StepStatus.RUNNING}', %s, %s FROM u) "
+        f"SELECT * FROM u ORDER BY u.{s('priority')} DESC, u.{s('id')}"
+    )
+
+
+def _insert_sql(obj: Any) -> tuple[str, list[Any]]:
+    """The INSERT of the new model instance ``obj`` (its ``auto_now`` fields filled in
+    on ``obj`` as ``save()`` fills them), without running it."""
+    sql, fields = _insert_shape(type(obj), obj.pk is None)
+    values = []
+    for f in fields:
+        value = f.pre_save(obj, add=True)
+        values.append(_jsonb(value) if isinstance(f, JSONField) else value)
+    return sql, values
+
+
+_INSERT_SHAPES: dict[tuple[type[Any], bool], tuple[str, list[Any]]] = {}
+
+
+def _insert_shape(model: type[Any], auto_pk: bool) -> tuple[str, list[Any]]:
+    """The INSERT statement of ``model`` (without its auto primary key when
+    ``auto_pk``), and the fields whose values it takes, in order. The values of the
+    models' fields (UUIDs, datetimes, numbers, text) need no conversion on PostgreSQL
+    but JSON, which is sent as text."""
+    found = _INSERT_SHAPES.get((model, auto_pk))
+    if found is None:
+        meta = model._meta
+        fields = [
+            f
+            for f in meta.local_concrete_fields
+            if not (auto_pk and f is meta.auto_field) and not f.generated
+        ]
+        marks = ", ".join("%s::jsonb" if isinstance(f, JSONField) else "%s" for f in fields)
+        cols = ", ".join(_q(str(f.column)) for f in fields)
+        found = f"INSERT INTO {_t(model)} ({cols}) VALUES ({marks})", fields
+        _INSERT_SHAPES[(model, auto_pk)] = found
+    return found
+
+
+def _loads(text: str | None) -> Any:
+    """A JSON column read back as text, decoded as the ORM decodes it."""
+    return None if text is None else json.loads(text)
+
+
+def _jsonb(value: Any) -> str | None:
+    """A JSON value as text for a ``::jsonb`` parameter (SQL NULL for None, as the ORM)."""
+    return None if value is None else json.dumps(value)
