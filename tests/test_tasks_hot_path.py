@@ -233,3 +233,37 @@ def test_run_ends_are_announced_by_the_statement_that_ends_them(settings: Any) -
     finally:
         listener.close()
         reset_engine()
+
+
+@pytest.mark.django_db(databases=["default", "postgres"], transaction=True)
+def test_a_fresh_step_is_claimed_in_one_statement_with_its_queues_lease(settings: Any) -> None:
+    """On PostgreSQL: a claim told it is busy claims a task's step in one statement (a
+    claim that is not looks first), as attempt 1 under its queue's lease."""
+    from pikku_django.dbclock import store_now_ms
+
+    alias = database_alias("postgres")
+    settings.PIKKU = {
+        "WORKFLOW_DATABASE": alias,
+        "LEASE_BACKEND": "memory",
+        "QUEUE_LEASE_MS": {"emails": 5_000},
+    }
+    reset_engine()
+    try:
+        engine = get_engine()
+        first, second = defs.send_email.enqueue("a@example.com"), defs.add.enqueue(1)
+        with CaptureQueriesContext(connections[alias]) as busy:
+            [claimed] = engine.claim_due_steps(busy=True)
+        with CaptureQueriesContext(connections[alias]) as looked:
+            [other] = engine.claim_due_steps()
+        assert (len(busy.captured_queries), len(looked.captured_queries)) == (1, 2)
+        assert [str(claimed.run_id), str(other.run_id)] == [first.id, second.id]
+        assert (claimed.attempt, claimed.lease_ms, claimed.queue) == (1, 5_000, "emails")
+        assert other.lease_ms == engine.config.step_lease_ms
+        step = WorkflowStep.objects.using(alias).get(id=claimed.step_id)
+        assert step.status == StepStatus.RUNNING
+        assert 0 < step.lease_expires_at - store_now_ms(alias) <= 5_000
+        [attempt] = StepAttempt.objects.using(alias).filter(step=step)
+        assert (attempt.attempt, attempt.status) == (1, StepStatus.RUNNING)
+        assert engine.claim_due_steps(busy=True) == []
+    finally:
+        reset_engine()

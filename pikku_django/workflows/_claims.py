@@ -161,20 +161,34 @@ class Claims:
         return self.store.claim_due_run_rows(now, now + timedelta(seconds=timeout), limit)
 
     def due_steps(
-        self, queues: Iterable[str] | None = None, limit: int = 1, worker: str = ""
+        self,
+        queues: Iterable[str] | None = None,
+        limit: int = 1,
+        worker: str = "",
+        *,
+        busy: bool = False,
     ) -> list[ClaimedStep]:
-        """Claim queued steps that are ready: scheduled, due for retry, or whose claim lapsed."""
+        """Claim queued steps that are ready: scheduled, due for retry, or whose claim
+        lapsed. ``busy`` (the caller's last look found steps): try the one-statement
+        claim of steps not attempted yet before the look for ready work."""
         now = self.clock.now()
         served = list(queues or ())
-        if not self.store.ready_steps_exist(now, served):
-            return []
         config = self.config
         limited = [
             q.name
             for q in config.queues.values()
             if config.is_limited(q.name) and (not served or q.name in served)
         ]
-        if not limited:  # (limited queues' steps are claimed in the claim order with them)
+        # Limited queues' steps are claimed in the claim order with them, where their
+        # limits are counted: no claim of fresh steps then.
+        fresh_first = busy and not limited
+        if fresh_first:
+            fresh = self._claim_fresh(now, served, limit, worker or default_worker_id())
+            if fresh:
+                return fresh
+        if not self.store.ready_steps_exist(now, served):
+            return []
+        if not limited and not fresh_first:
             fresh = self._claim_fresh(now, served, limit, worker or default_worker_id())
             if fresh:
                 return fresh

@@ -18,13 +18,17 @@ class LookOrder:
         self._local = threading.local()
 
     def one_unit(
-        self, runs: Callable[[], int], steps: Callable[[], int], stopping: threading.Event
+        self,
+        runs: Callable[[], int],
+        steps: Callable[[bool], int],
+        stopping: threading.Event,
     ) -> int:
         """Look for ``runs`` and ``steps`` (each claims and carries on what it finds:
-        how much that was) in this thread's order: how much was done."""
+        how much that was; ``steps(busy)`` is told whether the last look found steps)
+        in this thread's order: how much was done."""
         local = self._local
         if getattr(local, "steps_first", False):
-            done = steps()
+            done = steps(True)
             now = time.monotonic()
             if (done and now < getattr(local, "next_runs", 0.0)) or stopping.is_set():
                 return done
@@ -41,6 +45,6 @@ class LookOrder:
         if done and now < getattr(local, "next_steps", 0.0):
             return done
         local.next_steps = now + self.every
-        found = steps()
+        found = steps(False)
         local.steps_first = found > 0 and done == 0
         return done + found

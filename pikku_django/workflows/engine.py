@@ -433,10 +433,16 @@ class WorkflowEngine:
         return self._claims.due_run_rows(limit)
 
     def claim_due_steps(
-        self, queues: Iterable[str] | None = None, limit: int = 1, worker: str = ""
+        self,
+        queues: Iterable[str] | None = None,
+        limit: int = 1,
+        worker: str = "",
+        *,
+        busy: bool = False,
     ) -> list[ClaimedStep]:
-        """Claim queued steps that are ready: scheduled, due for retry, or whose claim lapsed."""
-        return self._claims.due_steps(queues, limit, worker)
+        """Claim queued steps that are ready: scheduled, due for retry, or whose claim
+        lapsed (``busy``: the caller's last look found some, so claim before looking)."""
+        return self._claims.due_steps(queues, limit, worker, busy=busy)
 
     def enforce_deadlines(self, limit: int = 100) -> int:
         """Fail the runs past their deadline and time out the suspensions past theirs:

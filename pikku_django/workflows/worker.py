@@ -316,7 +316,9 @@ class Worker:
     def _one_unit(self) -> int:
         claimer = StepClaimer(f"{self.name}:{threading.get_ident()}", tuple(self.queues))
         return self._look.one_unit(
-            lambda: self._due_runs(claimer), lambda: self._ready_steps(claimer), self.stopping
+            lambda: self._due_runs(claimer),
+            lambda busy: self._ready_steps(claimer, busy),
+            self.stopping,
         )
 
     def _due_runs(self, claimer: StepClaimer) -> int:
@@ -325,12 +327,10 @@ class Worker:
             self._carry(due.run.id, claimer, due=due) for due in self.engine.claim_due_run_rows(1)
         )
 
-    def _ready_steps(self, claimer: StepClaimer) -> int:
+    def _ready_steps(self, claimer: StepClaimer, busy: bool) -> int:
         """Claim a ready step and carry its run on: how many steps and passes that was."""
-        return sum(
-            self._carry(claimed.run_id, claimer, claimed)
-            for claimed in self.engine.claim_due_steps(self.queues, 1, claimer.worker)
-        )
+        found = self.engine.claim_due_steps(self.queues, 1, claimer.worker, busy=busy)
+        return sum(self._carry(claimed.run_id, claimer, claimed) for claimed in found)
 
     def _carry(
         self,
