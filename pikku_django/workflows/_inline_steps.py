@@ -40,6 +40,21 @@ logger = workflow_logger(__name__)
 def fresh(value: Any) -> Any:
     """A stored JSON value as workflow code gets it: a copy it may change freely, so
     no change reaches what a later pass replays."""
+    kind = type(value)
+    if kind is dict or kind is list:
+        return _copy_json(value)
+    if isinstance(value, dict | list):
+        return copy.deepcopy(value)
+    return value
+
+
+def _copy_json(value: Any) -> Any:
+    """A copy of a JSON value's dicts and lists (its other values cannot change)."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _copy_json(item) for key, item in value.items()}
+    if kind is list:
+        return [_copy_json(item) for item in value]
     if isinstance(value, dict | list):
         return copy.deepcopy(value)
     return value
