@@ -19,9 +19,9 @@ Full size: 200 runs of 10 steps, 200,000 completed, 100,000 sleeping and 20,000 
 runs, 1,000- and 2,000-step runs. ``--scale 0.1`` divides the loaded rows and the long
 runs by ten (``--long 1000,2000`` keeps the long runs whole); ``--quick`` is a small
 end-to-end run. ``--only long`` measures only the long runs against the 10-step run
-(``--repeats N`` times each, interleaved, medians printed), without loading tables. The database is ``PIKKU_BENCH_WORKFLOWS_URL`` (default
-``.../pikku_bench_scale``); its pikku tables are emptied first. The last line printed
-is one JSON object.
+(``--repeats N`` rounds, interleaved, medians printed), without loading tables. The
+database is ``PIKKU_BENCH_WORKFLOWS_URL`` (default ``.../pikku_bench_scale``); its
+pikku tables are emptied first. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
