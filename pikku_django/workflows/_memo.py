@@ -29,6 +29,13 @@ class RecordedSteps(dict[str, WorkflowStep]):
         super().__init__((step.name, step) for step in steps)
         self.patch_markers = any(step.kind == StepKind.PATCH for step in self.values())
 
+    def copy_steps(self) -> RecordedSteps:
+        """A copy, made without a look at each step."""
+        copied = RecordedSteps()
+        copied.update(self)
+        copied.patch_markers = self.patch_markers
+        return copied
+
     def add(self, step: WorkflowStep) -> None:
         self[step.name] = step
         if step.kind == StepKind.PATCH:
@@ -65,15 +72,20 @@ class StepMemo:
         steps = store.steps().filter(run_id=run_id).order_by()
         if entry is None:
             return RecordedSteps(steps)
-        # A snapshot: a pass that lost the run's lease may still add to the dict.
-        known = list(entry.steps.values())
-        succeeded = [step for step in known if step.status == StepStatus.SUCCEEDED]
-        open_ids = [step.id for step in known if step.status != StepStatus.SUCCEEDED]
-        max_id = max((step.id for step in known), default=0)
+        # A copy (made in one step: a pass that lost the run's lease may still add
+        # to the dict), without the steps that had not succeeded: those are read again.
+        fresh = entry.steps.copy_steps()
+        open_names: list[str] = []
+        max_id = 0
+        for step in fresh.values():
+            if step.id > max_id:
+                max_id = step.id
+            if step.status != StepStatus.SUCCEEDED:
+                open_names.append(step.name)
+        open_ids = [fresh.pop(name).id for name in open_names]
         changed = Q(id__gt=max_id) | Q(status__in=OPEN_STATUSES)
         if open_ids:
             changed |= Q(id__in=open_ids)
-        fresh = RecordedSteps(succeeded)
         for step in steps.filter(changed):
             fresh.add(step)
         return fresh

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
 from pikku_django.workflows import _published, _signals_in, _versions, registry
 from pikku_django.workflows._fanout import ParallelGroup, open_group
-from pikku_django.workflows._inline_steps import fresh
+from pikku_django.workflows._inline_steps import fresh, fresh_result
 from pikku_django.workflows._options import retry_delay_for
 from pikku_django.workflows._run_options import check_aware
 from pikku_django.workflows._values import Pause, StepOptions
@@ -124,7 +124,7 @@ class WorkflowContext:
             # Replay's common case: a step that succeeded on an earlier pass, in O(1).
             replayed = self._recorder.replayed(step_name, fn)
             if replayed is not None:
-                return fresh(replayed.result)
+                return fresh_result(replayed)
         child = registry.get_workflow(fn) if _may_be_workflow(fn) else None
         if child is not None:
             return self._child(step_name, child.name, data, on_error)
@@ -157,7 +157,7 @@ class WorkflowContext:
 
     def _settled_or_pause(self, step: WorkflowStep) -> Any:
         if step.status == StepStatus.SUCCEEDED:
-            return fresh(step.result)
+            return fresh_result(step)
         if step.status == StepStatus.FAILED and step.attempt >= step.attempts_allowed:
             raise StepFailedError(step.name, step.error)
         if step.status == StepStatus.SUSPENDED:
