@@ -55,7 +55,7 @@ def fresh_result(step: WorkflowStep) -> Any:
     pickled once (kept on the row while the result is the same object) and each
     copy unpickled, which costs a fraction of a deep copy."""
     value = step.result
-    if not isinstance(value, dict | list):
+    if value is None or not isinstance(value, dict | list):
         return value
     kept = vars(step).get(_PICKLED)
     if kept is None or kept[0] is not value:

@@ -77,10 +77,11 @@ class StepMemo:
         fresh = entry.steps.copy_steps()
         open_names: list[str] = []
         max_id = 0
+        succeeded = StepStatus.SUCCEEDED.value
         for step in fresh.values():
             if step.id > max_id:
                 max_id = step.id
-            if step.status != StepStatus.SUCCEEDED:
+            if step.status != succeeded:
                 open_names.append(step.name)
         open_ids = [fresh.pop(name).id for name in open_names]
         changed = Q(id__gt=max_id) | Q(status__in=OPEN_STATUSES)

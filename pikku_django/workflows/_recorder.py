@@ -21,6 +21,9 @@ from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.durations import Duration
 from pikku_django.workflows.errors import StepFunctionNotFoundError, serialize_error
 
+#: Read on every replayed step: a module constant, not an enum class's attribute.
+_SUCCEEDED = StepStatus.SUCCEEDED.value
+
 
 class StepRecorder:
     """One pass's memo of a run's steps, and the writes of the steps it reaches."""
@@ -68,7 +71,7 @@ class StepRecorder:
         step = self.steps.get(name)
         if (
             step is None
-            or step.status != StepStatus.SUCCEEDED
+            or step.status != _SUCCEEDED
             or step.kind != kind
             or (function and step.function and step.function != function)
         ):
