@@ -18,9 +18,10 @@ measured in the same run:
 Full size: 200 runs of 10 steps, 200,000 completed, 100,000 sleeping and 20,000 failed
 runs, 1,000- and 2,000-step runs. ``--scale 0.1`` divides the loaded rows and the long
 runs by ten (``--long 1000,2000`` keeps the long runs whole); ``--quick`` is a small
-end-to-end run. The database is ``PIKKU_BENCH_WORKFLOWS_URL`` (default
-``.../pikku_bench_scale``); its pikku tables are emptied first. The last line printed
-is one JSON object.
+end-to-end run. ``--only long`` measures only the long runs against the 10-step run
+(``--repeats N`` rounds, interleaved, medians printed), without loading tables. The
+database is ``PIKKU_BENCH_WORKFLOWS_URL`` (default ``.../pikku_bench_scale``); its
+pikku tables are emptied first. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -269,6 +270,33 @@ def figure(value: float, baseline: float | None, unit: str, target: str) -> dict
     }
 
 
+def measure_long(bench: Bench, say: Callable[[str], None], repeats: int) -> dict[str, Any]:
+    """Only the long runs' time per step against a 10-step run's, on empty tables:
+    ``repeats`` rounds of (10-step x5, long1, long2), each figure a median of the rounds."""
+    size, out = bench.size, {}
+    bench.start_worker()
+    bench.per_step_ms(10, repeats=3)  # warm-up
+    samples: dict[str, list[float]] = {"short": [], "long1": [], "long2": []}
+    for round_ in range(repeats):
+        samples["short"].append(bench.per_step_ms(10, repeats=5))
+        for key in ("long1", "long2"):
+            samples[key].append(bench.per_step_ms(size[key]))
+        say(
+            f"round {round_ + 1}: 10 steps {samples['short'][-1]:.2f} ms/step, "
+            + ", ".join(f"{size[k]} steps {samples[k][-1]:.2f}" for k in ("long1", "long2"))
+        )
+    bench.stop_worker()
+    short = percentile(samples["short"], 50)
+    for key in ("long1", "long2"):
+        per_step = percentile(samples[key], 50)
+        out[f"per_step_{size[key]}_steps"] = figure(per_step, short, "ms/step", "ratio <= 1.5")
+        say(
+            f"{size[key]}-step run: {per_step:.2f} ms/step against {short:.2f} for 10 steps "
+            f"({per_step / short:.2f}x, median of {repeats})"
+        )
+    return out
+
+
 def measure(bench: Bench, say: Callable[[str], None]) -> dict[str, Any]:
     from django.db import connections
 
@@ -341,6 +369,18 @@ def main() -> int:
         default=None,
         help="the two long runs' step counts, e.g. 1000,2000 (default: scaled)",
     )
+    parser.add_argument(
+        "--only",
+        choices=("long",),
+        default=None,
+        help="long: only the long runs' ms/step against a 10-step run's, on empty tables",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="with --only long: rounds of the three figures, interleaved (3)",
+    )
     args = parser.parse_args()
     url = os.environ["PIKKU_BENCH_WORKFLOWS_URL"]
     if not url.startswith("postgres"):
@@ -359,12 +399,16 @@ def main() -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
-    figures = measure(Bench(size), say)
+    if args.only == "long":
+        figures = measure_long(Bench(size), say, args.repeats)
+    else:
+        figures = measure(Bench(size), say)
     print(
         json.dumps(
             {
                 "benchmark": "scale",
                 "quick": args.quick,
+                "only": args.only,
                 "sizes": size,
                 "server": pg_server_settings(url),
                 "figures": figures,

@@ -255,13 +255,14 @@ def time_starting_runs(seconds: float) -> dict[str, Any]:
     run's receipt is then checked to be linked to it."""
     from pikku_django.models import WebhookReceipt, WorkflowRun
     from pikku_django.workflows.api import get_engine
+    from pikku_django.workflows.intake import start_waiting_runs
 
     engine = get_engine()
     linked = 0
     clock = time.perf_counter
     t0 = clock()
     while clock() - t0 < seconds:
-        done = engine.start_waiting_runs(100)
+        done = start_waiting_runs(engine, 100)
         if not done:
             break
         linked += done

@@ -40,7 +40,7 @@ def test_old_and_new_code_pass_the_same_runs(vendor: str) -> None:
     # whichever code passes them first.
     fresh = [engine.start("testapp.deploy", {"n": 100 + n}) for n in range(FRESH)]
     for run in fresh:
-        engine.send_event(run.id, "go")
+        engine.events.send(run.id, "go")
     assert {r.version for r in past + fresh} == {"1"}
 
     # The new code first, so that it reaches the change in some fresh run; then the old
@@ -54,7 +54,7 @@ def test_old_and_new_code_pass_the_same_runs(vendor: str) -> None:
         )
         procs.append(worker_process(alias, PIKKU_TEST_CARRIED_ONLY="1"))
         for run in past:
-            engine.send_event(run.id, "go")
+            engine.events.send(run.id, "go")
         ids = [r.id for r in past + fresh]
         wait_for(lambda: _ended(alias, ids), 240, "every run to end")
     finally:

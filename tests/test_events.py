@@ -121,7 +121,7 @@ def test_an_event_sent_to_a_waiting_run_wakes_it(engine: WorkflowEngine) -> None
     )
     assert engine.claim_due_runs(5) == []  # parked on the wait
 
-    sent = engine.send_event(run.id, "payment", {"order": 7}, event_id="pi_1")
+    sent = engine.events.send(run.id, "payment", {"order": 7}, event_id="pi_1")
     assert (sent.outcome, sent.run_id, sent.event_id) == (EventOutcome.DELIVERED, run.id, "pi_1")
     engine.run_until_idle()
     done = engine.get_run(run.id)
@@ -134,7 +134,7 @@ def test_an_event_sent_to_a_waiting_run_wakes_it(engine: WorkflowEngine) -> None
 
 def test_an_event_sent_before_its_wait_is_kept_for_it(engine: WorkflowEngine) -> None:
     run = engine.start(ev_checkout, {}, idempotency_key="order-1")
-    sent = engine.send_event(RunKey("ev_checkout", "order-1"), "payment", {"order": 1})
+    sent = engine.events.send(RunKey("ev_checkout", "order-1"), "payment", {"order": 1})
     assert sent.outcome == EventOutcome.KEPT
     assert _events(engine, run.id)[0].step_id is None
     engine.run_until_idle()
@@ -147,12 +147,12 @@ def test_an_event_sent_before_its_wait_is_kept_for_it(engine: WorkflowEngine) ->
 def test_a_duplicated_event_reaches_the_run_once(engine: WorkflowEngine) -> None:
     run = engine.start(ev_twice)
     engine.run_until_idle()
-    assert engine.send_event(run, "ping", 1, event_id="a").outcome == EventOutcome.DELIVERED
-    assert engine.send_event(run, "ping", 1, event_id="a").outcome == EventOutcome.DUPLICATE
+    assert engine.events.send(run, "ping", 1, event_id="a").outcome == EventOutcome.DELIVERED
+    assert engine.events.send(run, "ping", 1, event_id="a").outcome == EventOutcome.DUPLICATE
     engine.run_until_idle()
     assert engine.get_run(run.id).status == RunStatus.RUNNING  # the second wait still waits
     assert len(_events(engine, run.id)) == 1
-    assert engine.send_event(run, "ping", 2, event_id="b").outcome == EventOutcome.DELIVERED
+    assert engine.events.send(run, "ping", 2, event_id="b").outcome == EventOutcome.DELIVERED
     engine.run_until_idle()
     done = engine.get_run(run.id)
     assert done.output == {"first": 1, "second": 2}
@@ -174,7 +174,7 @@ def test_a_wait_times_out_and_a_later_event_is_kept(
     assert steps["event:ping"].result == {"timed_out": True}
     assert steps["event:ping#1"].status == StepStatus.SCHEDULED
     # After the timeout: the event goes to the next wait of its name, not the expired one.
-    assert engine.send_event(run.id, "ping", "late").outcome == EventOutcome.DELIVERED
+    assert engine.events.send(run.id, "ping", "late").outcome == EventOutcome.DELIVERED
     engine.run_until_idle()
     assert engine.get_run(run.id).output == {"first": None, "second": "late"}
     _replays_alike(engine, run.id)
@@ -183,16 +183,16 @@ def test_a_wait_times_out_and_a_later_event_is_kept(
 def test_the_timeout_marker_and_published_values(engine: WorkflowEngine, clock: FakeClock) -> None:
     run = engine.start(ev_checkout, {"timeout": "10s"})
     engine.run_until_idle()
-    assert engine.published_values(run.id) == {"progress": "waiting for payment"}
+    assert engine.events.published_values(run.id) == {"progress": "waiting for payment"}
     clock.advance(timedelta(seconds=10))
     engine.run_until_idle()
     done = engine.get_run(run.id)
     assert done.output == {"paid": None}
-    assert engine.published_values(run.id) == {
+    assert engine.events.published_values(run.id) == {
         "progress": "waiting for payment",
         "state": "expired",
     }
-    assert engine.send_event(run.id, "payment", {}).outcome == EventOutcome.RUN_ENDED
+    assert engine.events.send(run.id, "payment", {}).outcome == EventOutcome.RUN_ENDED
     assert _events(engine, run.id) == []
     _replays_alike(engine, run.id)
 
@@ -202,33 +202,33 @@ def test_published_values_are_written_once_and_streamed(engine: WorkflowEngine) 
     engine.run_until_idle()
     done = engine.get_run(run.id)
     assert done.output == 3
-    assert engine.published_values(run.id) == {"progress": {"done": 3}}
+    assert engine.events.published_values(run.id) == {"progress": {"done": 3}}
     publishes = [s for s in _steps(engine, run.id).values() if s.kind == StepKind.PUBLISH]
     assert [s.result for s in publishes] == [{"done": 1}, {"done": 2}, {"done": 3}]
     found = snapshot(run.id, engine.using)
     assert found is not None
     assert found.as_dict()["published"] == {"progress": {"done": 3}}
     _replays_alike(engine, run.id)
-    assert engine.published_values(run.id) == {"progress": {"done": 3}}
+    assert engine.events.published_values(run.id) == {"progress": {"done": 3}}
 
 
 def test_bad_events_are_refused_and_store_nothing(engine: WorkflowEngine) -> None:
     run = engine.start(ev_checkout, {})
     engine.run_until_idle()
     with pytest.raises(NotSerializableError):
-        engine.send_event(run.id, "payment", {"when": object()})
+        engine.events.send(run.id, "payment", {"when": object()})
     with pytest.raises(WorkflowDefinitionError):
-        engine.send_event(run.id, "pay#ment", {})
+        engine.events.send(run.id, "pay#ment", {})
     with pytest.raises(ValueError, match="event_id"):
-        engine.send_event(run.id, "payment", {}, event_id="")
+        engine.events.send(run.id, "payment", {}, event_id="")
     with pytest.raises(WorkflowRunNotFoundError):
-        engine.send_event(uuid.uuid4(), "payment", {})
+        engine.events.send(uuid.uuid4(), "payment", {})
     with pytest.raises(WorkflowRunNotFoundError):
-        engine.send_event("not-a-uuid", "payment", {})
+        engine.events.send("not-a-uuid", "payment", {})
     with pytest.raises(WorkflowRunNotFoundError):
-        engine.send_event(RunKey("ev_checkout", "no-such-key"), "payment", {})
+        engine.events.send(RunKey("ev_checkout", "no-such-key"), "payment", {})
     with pytest.raises(WorkflowRunNotFoundError):
-        engine.published_values(uuid.uuid4())
+        engine.events.published_values(uuid.uuid4())
     assert _events(engine, run.id) == []
     assert _steps(engine, run.id)["event:payment"].status == StepStatus.SCHEDULED
 
@@ -241,11 +241,11 @@ def test_an_event_sent_in_a_rolled_back_transaction_is_not_kept(engine: Workflow
         pass
 
     with pytest.raises(Refused), transaction.atomic(using=engine.using):
-        engine.send_event(run.id, "payment", {"order": 1}, event_id="pi_9")
+        engine.events.send(run.id, "payment", {"order": 1}, event_id="pi_9")
         raise Refused
     assert _events(engine, run.id) == []
     assert _steps(engine, run.id)["event:payment"].status == StepStatus.SCHEDULED
-    assert engine.send_event(run.id, "payment", {"order": 1}, event_id="pi_9").outcome == (
+    assert engine.events.send(run.id, "payment", {"order": 1}, event_id="pi_9").outcome == (
         EventOutcome.DELIVERED
     )
 
@@ -253,7 +253,7 @@ def test_an_event_sent_in_a_rolled_back_transaction_is_not_kept(engine: Workflow
 def test_inline_runs_carry_on_when_their_event_comes(engine: WorkflowEngine) -> None:
     run = engine.start(ev_checkout, {}, inline=True)
     assert run.status == RunStatus.RUNNING
-    engine.send_event(run.id, "payment", {"order": 3})
+    engine.events.send(run.id, "payment", {"order": 3})
     done = engine.get_run(run.id)
     assert done.status == RunStatus.COMPLETED, done.error
     assert done.output["shipped"] == {"order": 3}
@@ -276,7 +276,7 @@ def test_events_racing_their_waits_each_reach_the_run(vendor: str) -> None:
         try:
             go.wait(10)
             for i, run in enumerate(runs):
-                engine.send_event(run.id, "payment", {"order": i}, event_id=f"e{i}")
+                engine.events.send(run.id, "payment", {"order": i}, event_id=f"e{i}")
         except BaseException as exc:  # reported by the test
             errors.append(exc)
         finally:
@@ -305,7 +305,7 @@ class _Refused(Exception):
 def ev_notify_other(data: Any) -> Any:
     """Sends an event to another run, then fails when told to (a transactional step)."""
     other = WorkflowEngine(data["alias"], leases=InMemoryLeaseService())
-    sent = other.send_event(data["run"], "payment", {"order": 9}, event_id=data["event_id"])
+    sent = other.events.send(data["run"], "payment", {"order": 9}, event_id=data["event_id"])
     if data["fail"]:
         raise _Refused("after sending")
     return str(sent.outcome)

@@ -69,7 +69,7 @@ def test_send_with_start_under_eight_senders_starts_one_run(vendor: str) -> None
         try:
             go.wait(20)
             results.append(
-                engine.send_event_with_start(
+                engine.events.send_with_start(
                     "rw_collect", key, "item", i, input={"expect": SENDERS}, event_id=f"item-{i}"
                 )
             )
@@ -98,9 +98,9 @@ def test_send_with_start_under_eight_senders_starts_one_run(vendor: str) -> None
 
 def test_send_with_start_reaches_a_running_run(engine: WorkflowEngine) -> None:
     key = uuid.uuid4().hex
-    first = engine.send_event_with_start("rw_collect", key, "item", 1, input={"expect": 2})
+    first = engine.events.send_with_start("rw_collect", key, "item", 1, input={"expect": 2})
     engine.run_until_idle()
-    second = engine.send_event_with_start("rw_collect", key, "item", 2, input={"expect": 99})
+    second = engine.events.send_with_start("rw_collect", key, "item", 2, input={"expect": 99})
     assert (first.started, second.started) == (True, False)
     assert second.outcome == EventOutcome.DELIVERED
     engine.run_until_idle()
@@ -112,7 +112,7 @@ def _finish_later(engine: WorkflowEngine, run_id: uuid.UUID, after: float) -> th
     def finish() -> None:
         try:
             time.sleep(after)
-            engine.send_event(run_id, "item", "x")
+            engine.events.send(run_id, "item", "x")
             engine.run_until_idle()
         finally:
             connections.close_all()
@@ -126,23 +126,23 @@ def test_wait_for_run_returns_the_ended_run(engine: WorkflowEngine) -> None:
     run = engine.start(rw_collect, {"expect": 1})
     engine.run_until_idle()
     thread = _finish_later(engine, run.id, 0.3)
-    done = engine.wait_for_run(run.id, timeout=60)
+    done = engine.events.wait_for_run(run.id, timeout=60)
     thread.join(60)
     assert done.status == RunStatus.COMPLETED
     assert done.output == ["x"]
-    assert engine.wait_for_run(run.id, timeout=0).output == ["x"]  # ended: at once
+    assert engine.events.wait_for_run(run.id, timeout=0).output == ["x"]  # ended: at once
 
 
 def test_wait_for_run_times_out_and_refuses_unknown_runs(engine: WorkflowEngine) -> None:
     run = engine.start(rw_collect, {"expect": 1})
     engine.run_until_idle()
     with pytest.raises(RunWaitTimeoutError) as caught:
-        engine.wait_for_run(run.id, timeout=0.3)
+        engine.events.wait_for_run(run.id, timeout=0.3)
     assert (caught.value.run_id, caught.value.status) == (run.id, RunStatus.RUNNING)
     with pytest.raises(WorkflowRunNotFoundError):
-        engine.wait_for_run(uuid.uuid4(), timeout=1)
+        engine.events.wait_for_run(uuid.uuid4(), timeout=1)
     with pytest.raises(ValueError, match="timeout"):
-        engine.wait_for_run(run.id, timeout=-1)
+        engine.events.wait_for_run(run.id, timeout=-1)
 
 
 def test_a_cancelled_run_ends_the_wait(engine: WorkflowEngine) -> None:
@@ -158,7 +158,7 @@ def test_a_cancelled_run_ends_the_wait(engine: WorkflowEngine) -> None:
 
     thread = threading.Thread(target=cancel)
     thread.start()
-    assert engine.wait_for_run(run.id, timeout=60).status == RunStatus.CANCELLED
+    assert engine.events.wait_for_run(run.id, timeout=60).status == RunStatus.CANCELLED
     thread.join(60)
 
 
@@ -186,7 +186,7 @@ def test_postgres_wakes_the_wait_by_notify(vendor: str) -> None:
     engine.run_until_idle()
     thread = _finish_later(engine, run.id, 0.5)
     started = time.monotonic()
-    done = engine.wait_for_run(run.id, timeout=120, poll_interval=60)
+    done = engine.events.wait_for_run(run.id, timeout=120, poll_interval=60)
     thread.join(60)
     assert done.status == RunStatus.COMPLETED
     assert time.monotonic() - started < 30  # the poll alone would take 60s

@@ -226,9 +226,9 @@ def test_a_run_past_its_deadline_fails_and_its_waiting_step_is_cancelled(
     waiting = engine.steps().get(run_id=run.id, name="never")
     assert waiting.status == StepStatus.SCHEDULED
     clock.advance(timedelta(minutes=59))
-    assert engine.enforce_deadlines() == 0
+    assert engine.deadlines.enforce() == 0
     clock.advance(timedelta(minutes=1))
-    assert engine.deadlines_due()
+    assert engine.deadlines.has_due()
     engine.run_until_idle(["default"])  # the workers' due-work look enforces it
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
@@ -238,7 +238,7 @@ def test_a_run_past_its_deadline_fails_and_its_waiting_step_is_cancelled(
     assert waiting.error["code"] == "RUN_TIMEOUT"
     assert engine.steps().get(run_id=run.id, name="first").status == StepStatus.SUCCEEDED
     assert engine.claim_due_steps(["nobody-serves-this"], limit=5) == []
-    assert not engine.deadlines_due()
+    assert not engine.deadlines.has_due()
 
 
 def test_a_run_failed_by_its_deadline_is_retried_without_it(
@@ -247,7 +247,7 @@ def test_a_run_failed_by_its_deadline_is_retried_without_it(
     run = engine.start(to_waits_on_a_step)
     engine.run_until_idle(["default"])
     clock.advance(timedelta(hours=2))
-    assert engine.enforce_deadlines() == 1
+    assert engine.deadlines.enforce() == 1
     never = engine.steps().get(run_id=run.id, name="never")
     assert never.attempt >= never.attempts_allowed  # no attempt left while it is failed
     engine.retry(run.id)
@@ -272,7 +272,7 @@ def test_a_deadline_cancels_the_child_runs_and_refuses_a_running_steps_result(
     engine.orchestrate(fenced.id)
     (claimed,) = engine.claim_due_steps(limit=1)
     clock.advance(timedelta(minutes=6))
-    assert engine.enforce_deadlines() == 2
+    assert engine.deadlines.enforce() == 2
     parent.refresh_from_db()
     assert parent.status == RunStatus.FAILED
     assert parent.error["code"] == "RUN_TIMEOUT"
@@ -293,7 +293,7 @@ def test_a_run_that_ends_in_time_keeps_its_outcome(
     engine.resume(done.id, "yes")
     engine.run_until_idle()
     clock.advance(timedelta(hours=2))
-    assert engine.enforce_deadlines() == 0
+    assert engine.deadlines.enforce() == 0
     assert engine.get_run(done.id).status == RunStatus.COMPLETED
     assert engine.get_run(done.id).output == {"answer": "yes"}
 
@@ -344,7 +344,7 @@ def test_a_suspension_resumed_in_time_is_not_timed_out(
     engine.resume(run.id, {"ok": True})
     engine.run_until_idle()
     clock.advance(timedelta(hours=1))
-    assert engine.enforce_deadlines() == 0
+    assert engine.deadlines.enforce() == 0
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
     assert run.output == {"answer": {"ok": True}}

@@ -105,7 +105,7 @@ def test_patched_is_false_past_the_change_and_true_before_it(
     fresh = engine.start(NAME, {"n": 1})
     assert fresh.version == "2"
     for run in (past, fresh):
-        engine.send_event(run.id, "go")
+        engine.events.send(run.id, "go")
     engine.run_until_idle()
     assert engine.get_run(past.id).output == {"path": "old", "n": 1}
     assert engine.get_run(fresh.id).output == {"path": "new", "n": 11}
@@ -126,7 +126,7 @@ def test_old_code_leaves_a_patched_run_to_the_new_code(
     deploy(new_code, "2", ("1",))
     run = engine.start(NAME, {"n": 2})
     engine.run_until_idle()
-    engine.send_event(run.id, "go")
+    engine.events.send(run.id, "go")
 
     deploy(old_code, "1")  # a worker still on the old code passes it
     engine.orchestrate(run.id)
@@ -137,7 +137,7 @@ def test_old_code_leaves_a_patched_run_to_the_new_code(
     # Nor does it end a run the new code took to its end.
     deploy(new_code, "2", ("1",))
     done = engine.start(NAME, {"n": 3})
-    engine.send_event(done.id, "go")
+    engine.events.send(done.id, "go")
     engine.run_until_idle()
     engine.runs().filter(id=done.id).update(status=RunStatus.RUNNING, output=None)
     deploy(old_code, "1")
@@ -157,7 +157,7 @@ def test_the_non_determinism_error_names_the_step_and_patched(
     run = engine.start(NAME, {"n": 1})
     engine.run_until_idle()
     deploy(renamed_code, "3")
-    engine.send_event(run.id, "go")
+    engine.events.send(run.id, "go")
     engine.run_until_idle()
     failed = engine.get_run(run.id)
     assert failed.error is not None

@@ -31,7 +31,7 @@ from pikku_django.webhooks.dispatch import (
 )
 from pikku_django.webhooks.lifecycle import sync
 from pikku_django.webhooks.sql import RECEIPTS_WAITING, NewEvent, store_event
-from pikku_django.workflows import get_engine
+from pikku_django.workflows import get_engine, start_waiting_runs
 from pikku_django.workflows.api import reset_engine
 from pikku_django.workflows.store import CHANNEL
 from tests import webhook_defs
@@ -136,7 +136,7 @@ def test_a_worker_starts_the_run_and_moves_the_input_to_it(vendor: str, settings
     alias = workflow_database(vendor, settings)
     assert stored(alias)
     before = timezone.now()
-    assert get_engine().start_waiting_runs() == 1
+    assert start_waiting_runs(get_engine()) == 1
     receipt = WebhookReceipt.objects.using(alias).get()
     run = WorkflowRun.objects.using(alias).get()
     assert receipt.run_id == run.id
@@ -154,7 +154,7 @@ def test_a_worker_starts_the_run_and_moves_the_input_to_it(vendor: str, settings
         False,
         0,
     )
-    assert get_engine().start_waiting_runs() == 0
+    assert start_waiting_runs(get_engine()) == 0
 
 
 @on_databases(*VENDORS)
@@ -167,7 +167,7 @@ def test_the_run_is_the_one_the_engine_would_create(vendor: str, settings: Any) 
             "wh.deploy", json.loads(event.input_json()), idempotency_key="engine-made"
         )
     assert store_event(alias, event, notify=True)
-    assert engine.start_waiting_runs() == 1
+    assert start_waiting_runs(engine) == 1
     started = WorkflowRun.objects.using(alias).exclude(id=made.id).get()
     made.refresh_from_db()
     skip = {"id", "idempotency_key", "wake_at", "created_at", "updated_at"}
@@ -182,10 +182,10 @@ def test_runs_start_oldest_first_in_batches(vendor: str, settings: Any) -> None:
     for n in range(5):
         assert store_event(alias, new_event(f"b-{n}"), notify=True)
     engine = get_engine()
-    assert engine.start_waiting_runs(limit=2) == 2
+    assert start_waiting_runs(engine, limit=2) == 2
     started = WebhookReceipt.objects.using(alias).filter(run__isnull=False)
     assert sorted(started.values_list("provider_id", flat=True)) == ["b-0", "b-1"]
-    assert engine.start_waiting_runs(limit=10) == 3
+    assert start_waiting_runs(engine, limit=10) == 3
     assert WorkflowRun.objects.using(alias).count() == 5
     assert not waiting_receipts(engine).exists()
 
@@ -195,7 +195,7 @@ def test_event_without_data_stores_json_null(vendor: str, settings: Any) -> None
     alias = workflow_database(vendor, settings)
     assert store_event(alias, new_event(data=None), notify=True)
     assert WebhookReceipt.objects.using(alias).get().input["data"] is None
-    assert get_engine().start_waiting_runs() == 1
+    assert start_waiting_runs(get_engine()) == 1
     assert WorkflowRun.objects.using(alias).get().input["data"] is None
 
 
@@ -206,9 +206,9 @@ def test_a_redelivery_stores_nothing_and_starts_no_run(vendor: str, settings: An
     again = new_event("d", data={"ref": "other"})
     assert store_event(alias, again, notify=True) is False
     assert WebhookReceipt.objects.using(alias).get().input["data"]["ref"] == "main"
-    assert get_engine().start_waiting_runs() == 1
+    assert start_waiting_runs(get_engine()) == 1
     assert store_event(alias, again, notify=True) is False  # once its run started, too
-    assert get_engine().start_waiting_runs() == 0
+    assert start_waiting_runs(get_engine()) == 0
     assert WebhookReceipt.objects.using(alias).get().run.input["data"]["ref"] == "main"
     assert WorkflowRun.objects.using(alias).count() == 1
 
@@ -217,13 +217,13 @@ def test_a_redelivery_stores_nothing_and_starts_no_run(vendor: str, settings: An
 def test_a_redelivery_after_its_run_was_pruned_starts_no_run(vendor: str, settings: Any) -> None:
     alias = workflow_database(vendor, settings)
     assert store_event(alias, new_event("p"), notify=True)
-    get_engine().start_waiting_runs()
+    start_waiting_runs(get_engine())
     handled_by = WorkflowRun.objects.using(alias).get().id
     WorkflowRun.objects.using(alias).all().delete()
     # The receipt outlives its run and keeps its id (no constraint ties them).
     assert WebhookReceipt.objects.using(alias).get().run_id == handled_by
     assert store_event(alias, new_event("p"), notify=True) is False
-    assert get_engine().start_waiting_runs() == 0
+    assert start_waiting_runs(get_engine()) == 0
     assert not WorkflowRun.objects.using(alias).exists()
     assert WebhookReceipt.objects.using(alias).get().run_id == handled_by
 
@@ -237,7 +237,7 @@ def test_a_run_that_holds_the_event_key_is_linked_not_started_again(
         workflow="wh.deploy", idempotency_key="webhook:wh-github:push:k"
     )
     assert store_event(alias, new_event("k"), notify=True)
-    assert get_engine().start_waiting_runs() == 1  # linked, not started
+    assert start_waiting_runs(get_engine()) == 1  # linked, not started
     assert WebhookReceipt.objects.using(alias).get().run_id == existing.id
     assert WebhookReceipt.objects.using(alias).get().input is None
     assert WorkflowRun.objects.using(alias).count() == 1
@@ -304,7 +304,7 @@ def test_workers_starting_runs_at_once_start_each_run_once(vendor: str, settings
 
     def promote() -> int:
         engine, linked = get_engine(), 0
-        while done := engine.start_waiting_runs(limit=5):
+        while done := start_waiting_runs(engine, limit=5):
             linked += done
         return linked
 
@@ -407,7 +407,7 @@ def test_the_view_stores_runs_workers_pick_up(
     assert post(client, b'{"number": 3}', event="issues", delivery="v-2").json() == {"received": 1}
     assert WebhookReceipt.objects.using(alias).count() == 2
     assert not WorkflowRun.objects.using(alias).exists()  # nothing runs in the request
-    assert get_engine().start_waiting_runs() == 2
+    assert start_waiting_runs(get_engine()) == 2
     dispatched = WorkflowRun.objects.using(alias).get(workflow=DISPATCH_WORKFLOW)
     assert dispatched.input["handler"].startswith("webhook:wh-github:issues:")
     assert dispatched.input["event"] == {
@@ -486,7 +486,7 @@ def test_a_body_event_is_stored_as_its_data(vendor: str, settings: Any) -> None:
     handled = NewEvent(**{**row.__dict__, "provider_id": "b-3", "handler": "h"})
     assert store_new_event(handled) == "stored"
     assert WebhookReceipt.objects.using(alias).get(provider_id="b-3").input["event"]["data"] == DATA
-    assert get_engine().start_waiting_runs() == 2
+    assert start_waiting_runs(get_engine()) == 2
     run = WorkflowRun.objects.using(alias).get(idempotency_key="webhook:wh-github:push:b-3")
     assert run.input["event"]["data"] == DATA
 

@@ -38,7 +38,7 @@ def store_and_send(
         data: Any = None if new.data_json is None else json.loads(new.data_json)
         try:
             key = binding.run_key(data)
-            sent = engine.send_event(
+            sent = engine.events.send(
                 RunKey(binding.workflow, str(key)), binding.event, data, event_id=new.provider_id
             )
         except (WorkflowRunNotFoundError, LookupError, TypeError, ValueError) as exc:

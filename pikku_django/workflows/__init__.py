@@ -10,6 +10,7 @@ from pikku_django.workflows._async_api import (
 )
 from pikku_django.workflows._fanout import Branch, JoinPolicy, Outcome, ParallelGroup
 from pikku_django.workflows._run_options import RunOptions
+from pikku_django.workflows._sending import RunExchange
 from pikku_django.workflows._signals_in import (
     TIMED_OUT,
     EventOutcome,
@@ -17,6 +18,7 @@ from pikku_django.workflows._signals_in import (
     RunKey,
     SentEvent,
 )
+from pikku_django.workflows._starting import StartOptions
 from pikku_django.workflows.api import (
     await_run,
     cancel_workflow,
@@ -50,7 +52,12 @@ from pikku_django.workflows.errors import (
     WorkflowStepSupersededError,
     WorkflowTimeoutError,
 )
-from pikku_django.workflows.intake import Intake, register_intake, unregister_intake
+from pikku_django.workflows.intake import (
+    Intake,
+    register_intake,
+    start_waiting_runs,
+    unregister_intake,
+)
 from pikku_django.workflows.queues import QueueSettings, Rate
 from pikku_django.workflows.registry import PRIORITY_MAX, PRIORITY_MIN, step, workflow
 from pikku_django.workflows.status import RunSnapshot
@@ -76,11 +83,13 @@ __all__ = [
     "ParallelGroup",
     "QueueSettings",
     "Rate",
+    "RunExchange",
     "RunKey",
     "RunOptions",
     "RunSnapshot",
     "RunWaitTimeoutError",
     "SentEvent",
+    "StartOptions",
     "StepFailedError",
     "StepFunctionNotFoundError",
     "StepOutcome",
@@ -111,6 +120,7 @@ __all__ = [
     "retry_workflow",
     "send_event",
     "send_event_with_start",
+    "start_waiting_runs",
     "start_workflow",
     "step",
     "unregister_intake",

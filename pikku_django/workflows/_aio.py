@@ -26,7 +26,7 @@ from django.db import connections
 from pikku_django.workflows import registry
 from pikku_django.workflows._connections import release_connections
 from pikku_django.workflows._timeouts import renewal_ms
-from pikku_django.workflows._values import ClaimedStep, StepOutcome
+from pikku_django.workflows._values import ClaimedStep, StepOutcome, Wake
 from pikku_django.workflows.errors import StepFunctionNotFoundError
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.step_lease import (
@@ -44,21 +44,31 @@ T = TypeVar("T")
 DB_THREADS = 4
 
 
-class AsyncStepEngine(Protocol):
-    """What the loop needs of a WorkflowEngine."""
+class StepSettler(Protocol):
+    """What the loop needs of the engine's step execution: the attempt's start is
+    announced, and what the function returned or raised is settled, fenced."""
 
-    def refresh_step_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool: ...
+    def attempt_started(self, claimed: ClaimedStep) -> tuple[Any, float]: ...
 
-    def step_attempt_started(self, claimed: ClaimedStep) -> tuple[Any, float]: ...
-
-    def settle_step_call(
+    def settle_call(
         self,
         claimed: ClaimedStep,
-        started: tuple[Any, float],
+        wake: Wake,
+        info: Any,
+        began: float,
         *,
         value: Any = None,
         error: Exception | None = None,
     ) -> StepOutcome: ...
+
+
+class AsyncStepEngine(Protocol):
+    """What the loop needs of a WorkflowEngine."""
+
+    @property
+    def execution(self) -> StepSettler: ...
+
+    def refresh_step_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool: ...
 
 
 def is_async_step(claimed: ClaimedStep) -> bool:
@@ -212,7 +222,8 @@ class AsyncSteps:
 
     async def _execute(self, claimed: ClaimedStep) -> StepOutcome:
         definition = registry.get_step(claimed.function)
-        started = await self._db(self.engine.step_attempt_started, claimed)
+        execution = self.engine.execution
+        info, began = await self._db(execution.attempt_started, claimed)
         value: Any = None
         error: Exception | None = None
         try:
@@ -223,8 +234,9 @@ class AsyncSteps:
             value = await registry.acall_step_function(definition.fn, claimed.input)
         except Exception as exc:
             error = exc
+        # Its run is woken for any worker: the loop does not pass runs.
         return await self._db(
-            lambda: self.engine.settle_step_call(claimed, started, value=value, error=error)
+            lambda: execution.settle_call(claimed, Wake.NOW, info, began, value=value, error=error)
         )
 
     async def _keep_lease(self, claimed: ClaimedStep) -> None:

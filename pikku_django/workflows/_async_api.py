@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from asgiref.sync import sync_to_async
 
 from pikku_django.models import WorkflowRun
+from pikku_django.workflows._starting import StartOptions
 from pikku_django.workflows.api import (
     cancel_workflow,
     get_engine,
@@ -22,33 +22,15 @@ from pikku_django.workflows.api import (
     retry_workflow,
     start_workflow,
 )
-from pikku_django.workflows.durations import Duration
 from pikku_django.workflows.errors import WorkflowRunNotFoundError
 from pikku_django.workflows.status import RunSnapshot, snapshot
 
 
 async def astart_workflow(
-    workflow: str | Callable[..., Any],
-    input: Any = None,
-    *,
-    idempotency_key: str | None = None,
-    inline: bool = False,
-    priority: int | None = None,
-    queue: str | None = None,
-    start_at: datetime | None = None,
-    delay: Duration | None = None,
+    workflow: str | Callable[..., Any], input: Any = None, **options: Unpack[StartOptions]
 ) -> WorkflowRun:
-    """:func:`~pikku_django.workflows.start_workflow` for async code."""
-    return await sync_to_async(start_workflow)(
-        workflow,
-        input,
-        idempotency_key=idempotency_key,
-        inline=inline,
-        priority=priority,
-        queue=queue,
-        start_at=start_at,
-        delay=delay,
-    )
+    """:func:`~pikku_django.workflows.start_workflow` for async code (the same options)."""
+    return await sync_to_async(start_workflow)(workflow, input, **options)
 
 
 async def aresume_workflow(run_id: uuid.UUID | str, data: Any = None) -> WorkflowRun:

@@ -14,8 +14,6 @@ if TYPE_CHECKING:
 class StepCalls(Protocol):
     """A pass's context: its recorder, its step naming and its look-up of recorded steps."""
 
-    _patch_markers: bool | None
-
     @property
     def _recorder(self) -> StepRecorder: ...
 

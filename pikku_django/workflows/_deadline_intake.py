@@ -16,10 +16,10 @@ class DeadlineIntake:
     def start_waiting(self, engine: RunStarter, limit: int) -> int:
         if not isinstance(engine, WorkflowEngine):
             return 0
-        return engine.enforce_deadlines(limit)
+        return engine.deadlines.enforce(limit)
 
     def has_waiting(self, engine: RunStarter) -> bool:
-        return isinstance(engine, WorkflowEngine) and engine.deadlines_due()
+        return isinstance(engine, WorkflowEngine) and engine.deadlines.has_due()
 
 
 def register() -> None:

@@ -363,9 +363,10 @@ def _carry_result(claimed: ClaimedStep, carried: CarriedRun, settled: Settled) -
     step = carried.steps.get(claimed.name)
     if step is None or step.id != claimed.step_id:
         return
-    step.status, step.attempt = StepStatus.SUCCEEDED, claimed.attempt
+    # The status last: the memo may look at this step from another thread.
     step.result, step.error = settled.result, None
     step.lease_expires_at = step.available_at = None
+    step.attempt, step.status = claimed.attempt, StepStatus.SUCCEEDED
     carried.run.status = RunStatus.COMPLETED if settled.ended else settled.run_status
     carried.run.wakes = settled.run_wakes
 

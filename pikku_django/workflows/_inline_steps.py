@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import pickle
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +44,25 @@ def fresh(value: Any) -> Any:
     if isinstance(value, dict | list):
         return copy.deepcopy(value)
     return value
+
+
+#: Where :func:`fresh_result` keeps a step's result pickled, on the step's row.
+_PICKLED = "_pikku_result_pickle"
+
+
+def fresh_result(step: WorkflowStep) -> Any:
+    """``fresh(step.result)``, for a step replayed on pass after pass: its result is
+    pickled once (kept on the row while the result is the same object) and each
+    copy unpickled, which costs a fraction of a deep copy."""
+    value = step.result
+    if value is None or not isinstance(value, dict | list):
+        return value
+    kept = vars(step).get(_PICKLED)
+    if kept is None or kept[0] is not value:
+        kept = (value, pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+        vars(step)[_PICKLED] = kept
+    # Bytes this process made from a JSON value: nothing from outside is unpickled.
+    return pickle.loads(kept[1])  # noqa: S301
 
 
 class _StepExistsError(Exception):
@@ -92,7 +112,7 @@ class InlineSteps:
             remember(step)
         while True:
             if step.status == StepStatus.SUCCEEDED:
-                return fresh(step.result)
+                return fresh_result(step)
             if step.status == StepStatus.FAILED and step.attempt >= step.attempts_allowed:
                 raise StepFailedError(step.name, step.error)
             due = step.available_at

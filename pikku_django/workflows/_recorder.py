@@ -14,11 +14,15 @@ from typing import Any
 from pikku_django.models import StepKind, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import registry
 from pikku_django.workflows._inline_steps import InlineSteps
+from pikku_django.workflows._memo import recorded_steps
 from pikku_django.workflows._options import resolve_step_options
 from pikku_django.workflows._values import Pause, StepClaimer, StepOptions, to_json
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.durations import Duration
 from pikku_django.workflows.errors import StepFunctionNotFoundError, serialize_error
+
+#: Read on every replayed step: a module constant, not an enum class's attribute.
+_SUCCEEDED = StepStatus.SUCCEEDED.value
 
 
 class StepRecorder:
@@ -34,7 +38,7 @@ class StepRecorder:
         claimer: StepClaimer | None = None,
     ) -> None:
         self.run = run
-        self.steps = steps
+        self.steps = recorded_steps(steps)
         self.config = config
         self.inline = inline
         self.states = inline.states
@@ -52,6 +56,32 @@ class StepRecorder:
         #: see :meth:`recorded`.
         self.unread = False
         self._resolved: StepOptions | None = None
+        #: What a call naming only ``fn`` makes, by ``fn`` (a step's kind and function),
+        #: once this pass resolved it: replayed steps are checked against it.
+        self._plain: dict[Any, tuple[str, str]] = {}
+
+    def replayed(self, name: str, fn: object) -> WorkflowStep | None:
+        """The step recorded under ``name`` when it succeeded as the call naming only
+        ``fn`` makes it, already resolved this pass; else None (the caller takes the
+        full path, which also reports a step the workflow now makes differently)."""
+        try:
+            kind, function = self._plain[fn]
+        except (KeyError, TypeError):  # not resolved yet this pass, or not a key
+            return None
+        step = self.steps.get(name)
+        if (
+            step is None
+            or step.status != _SUCCEEDED
+            or step.kind != kind
+            or (function and step.function and step.function != function)
+        ):
+            return None
+        return step
+
+    def plain_call(self, fn: object, options: StepOptions) -> None:
+        """Note what a call naming only ``fn`` resolved to (see :meth:`replayed`)."""
+        with contextlib.suppress(TypeError):  # not a key
+            self._plain[fn] = (options.kind, options.function)
 
     def recorded(self, name: str) -> WorkflowStep | None:
         """The step recorded under ``name``, or None. While the steps are unread, only
@@ -72,7 +102,7 @@ class StepRecorder:
         )
 
     def remember(self, step: WorkflowStep) -> None:
-        self.steps[step.name] = step
+        self.steps.add(step)
 
     def now(self) -> datetime:
         return self.clock.now()
@@ -100,9 +130,11 @@ class StepRecorder:
             and timeout is None
         )
         if plain:
-            with contextlib.suppress(KeyError, TypeError):  # not resolved yet, or not a key
+            try:
                 self._resolved = self._options[fn]
                 return self._resolved
+            except (KeyError, TypeError):  # not resolved yet, or not a key
+                pass
         options = resolve_step_options(
             self.config,
             fn,

@@ -211,10 +211,10 @@ class Replay:
                 name, options, payload = recorder.claim_request
                 claimed = self._claim_new_step(recorder, seen_wakes, name, options, payload)
                 if claimed is not None or not unread:
-                    self.memo.keep(run.id, recorder.steps.values())
+                    self.memo.keep(run.id, recorder.steps)
                 return claimed
             self.states.park(run, seen_wakes, pause.wake_at)
-            self.memo.keep(run.id, recorder.steps.values())
+            self.memo.keep(run.id, recorder.steps)
             return None
         except StepFunctionNotFoundError as exc:
             self.states.suspend(run, f"RPC_NOT_FOUND: {exc}")

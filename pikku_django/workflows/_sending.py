@@ -1,5 +1,7 @@
-"""Sending events to runs addressed by id or by (workflow, idempotency key), and
-send-with-start: the run is started when no run holds the key."""
+"""What code outside a run does with it besides starting and stopping it: send it
+events (addressed by id or by (workflow, idempotency key), and send-with-start,
+which starts the run when no run holds the key), read the values it published,
+and wait for its end."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from django.db import connections
 from pikku_django.models import WorkflowRun
 from pikku_django.workflows._dberrors import retrying
 from pikku_django.workflows._lifecycle import RunLifecycle
-from pikku_django.workflows._run_options import RunOptions
+from pikku_django.workflows._published import published_values
+from pikku_django.workflows._run_options import resolve_run_options
+from pikku_django.workflows._run_waits import wait_for_run
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._signals_in import (
     EventOutcome,
@@ -24,14 +28,15 @@ from pikku_django.workflows._signals_in import (
     check_event_name,
     run_for_key,
 )
-from pikku_django.workflows.registry import WorkflowDefinition
+from pikku_django.workflows._starting import workflow_definition
 
 #: A run given by id, as a row, or by its workflow and idempotency key.
 RunRef = uuid.UUID | str | WorkflowRun | RunKey
 
 
-class EventSender:
-    """What ``send_event`` and ``send_event_with_start`` do on one engine."""
+class RunExchange:
+    """What ``send_event``, ``send_event_with_start``, ``published_values`` and
+    ``wait_for_run`` do on one engine (its ``events``)."""
 
     def __init__(
         self,
@@ -45,8 +50,11 @@ class EventSender:
         self.waits = EventWaits(states)
         self._drive_inline = drive_inline
 
-    def send(self, run: RunRef, name: str, data: Any, event_id: str | None) -> SentEvent:
-        """Store the event for the run (idempotent by ``event_id``) and wake a wait."""
+    def send(
+        self, run: RunRef, name: str, data: Any = None, *, event_id: str | None = None
+    ) -> SentEvent:
+        """Send the event ``name`` to a run (see :func:`~pikku_django.workflows.send_event`):
+        stored for the run (idempotent by ``event_id``), and a pending wait woken."""
         check_event_name(name)
         key = check_event_id(event_id)
 
@@ -60,17 +68,22 @@ class EventSender:
 
     def send_with_start(
         self,
-        definition: WorkflowDefinition,
+        workflow: str | Callable[..., Any],
         idempotency_key: str,
         name: str,
-        data: Any,
+        data: Any = None,
         *,
-        input: Any,
-        event_id: str | None,
-        options: RunOptions,
+        input: Any = None,
+        event_id: str | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
     ) -> SentEvent:
         """Start the run of ``idempotency_key`` unless one holds it, and send it the
         event, in one transaction: concurrent senders start one run."""
+        definition = workflow_definition(workflow)
+        options = resolve_run_options(
+            definition, self.states.clock.now(), priority=priority, queue=queue
+        )
         check_event_name(name)
         key = check_event_id(event_id)
         if not isinstance(idempotency_key, str) or not idempotency_key:
@@ -90,6 +103,18 @@ class EventSender:
         sent = self._retried(start_and_send)
         self._after(sent)
         return sent
+
+    def published_values(self, run_id: uuid.UUID | str) -> dict[str, Any]:
+        """The values the run has published with ``ctx.set_event``, by name."""
+        return published_values(self.store, run_id)
+
+    def wait_for_run(
+        self, run_id: uuid.UUID | str, timeout: float, *, poll_interval: float | None = None
+    ) -> WorkflowRun:
+        """The run once it has ended; RunWaitTimeoutError after ``timeout`` seconds."""
+        return wait_for_run(
+            self.store.using, run_id, timeout, poll_interval, notifying=self.store.notifying
+        )
 
     def _retried(self, send: Callable[[], SentEvent]) -> SentEvent:
         """``send()``, made again after a deadlock or lock wait (senders racing for one

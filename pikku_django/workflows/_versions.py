@@ -43,14 +43,18 @@ def unvisited(steps: Mapping[str, WorkflowStep], seen: Mapping[str, int]) -> lis
     return [step for name, step in steps.items() if name not in reached]
 
 
+def _any_unvisited(steps: Mapping[str, WorkflowStep], seen: Mapping[str, int]) -> bool:
+    """Whether the pass has recorded steps left to reach: at once while more steps are
+    recorded than it has reached (as in most of a replay), else by their names."""
+    return len(steps) > sum(seen.values()) or bool(unvisited(steps, seen))
+
+
 def check_no_unknown_patch(ctx: StepCalls, new_step: str | None) -> None:
     """Raise :class:`UnknownPatchError` when the pass is about to store ``new_step``
     (None: end the run) although the run recorded a ``ctx.patched`` branch this code
     never reached: the run was taken further by code this worker does not carry."""
     steps = ctx._recorder.steps
-    if ctx._patch_markers is None:  # once a pass: most runs have none
-        ctx._patch_markers = any(step.kind == StepKind.PATCH for step in steps.values())
-    if not ctx._patch_markers:
+    if not steps.patch_markers:  # most runs have none
         return
     markers = [s.name for s in unvisited(steps, ctx._seen) if s.kind == StepKind.PATCH]
     if markers:
@@ -76,7 +80,7 @@ def patched(ctx: StepCalls, change_id: str) -> bool:
     step = ctx._existing(name, StepKind.PATCH, "")
     if step is not None:
         return True
-    if unvisited(recorder.steps, ctx._seen):
+    if _any_unvisited(recorder.steps, ctx._seen):
         return False  # recorded under code without the patch: keep to the old path
     marker = recorder.inline.create(
         recorder.run,

@@ -5,13 +5,12 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from pikku_django.models import WorkflowRun
 from pikku_django.workflows._sending import RunRef
 from pikku_django.workflows._signals_in import SentEvent
-from pikku_django.workflows.durations import Duration
+from pikku_django.workflows._starting import StartOptions
 from pikku_django.workflows.engine import WorkflowEngine
 
 _lock = threading.Lock()
@@ -36,24 +35,12 @@ def reset_engine() -> None:
 
 
 def start_workflow(
-    workflow: str | Callable[..., Any],
-    input: Any = None,
-    *,
-    idempotency_key: str | None = None,
-    inline: bool = False,
-    priority: int | None = None,
-    queue: str | None = None,
-    start_at: datetime | None = None,
-    delay: Duration | None = None,
-    concurrency_key: str | None = None,
-    concurrency_limit: int | None = None,
-    deadline: datetime | None = None,
-    timeout: Duration | None = None,
-    debounce: Duration | None = None,
+    workflow: str | Callable[..., Any], input: Any = None, **options: Unpack[StartOptions]
 ) -> WorkflowRun:
     """Start a run of ``workflow`` (its name or decorated function) and return it.
 
-    The same ``idempotency_key`` for the same workflow returns the existing run
+    The options (:class:`~pikku_django.workflows.StartOptions`, each optional):
+    the same ``idempotency_key`` for the same workflow returns the existing run
     (the other arguments are then ignored). ``inline=True`` runs the whole workflow
     in this process before returning. Each of these overrides the default given
     to ``@workflow(...)``:
@@ -75,21 +62,7 @@ def start_workflow(
     that key into one run that starts once no start has come for that long, with
     the latest start's input; a start after its run has begun makes a new run.
     """
-    return get_engine().start(
-        workflow,
-        input,
-        idempotency_key=idempotency_key,
-        inline=inline,
-        priority=priority,
-        queue=queue,
-        start_at=start_at,
-        delay=delay,
-        concurrency_key=concurrency_key,
-        concurrency_limit=concurrency_limit,
-        deadline=deadline,
-        timeout=timeout,
-        debounce=debounce,
-    )
+    return get_engine().start(workflow, input, **options)
 
 
 def resume_workflow(run_id: uuid.UUID | str, data: Any = None) -> WorkflowRun:
@@ -118,7 +91,7 @@ def send_event(
     it and the run is woken, in the caller's transaction; an event sent before its
     wait is kept for it. Nothing is stored for a run that has ended.
     """
-    return get_engine().send_event(run, name, data, event_id=event_id)
+    return get_engine().events.send(run, name, data, event_id=event_id)
 
 
 def send_event_with_start(
@@ -135,7 +108,7 @@ def send_event_with_start(
     """As :func:`send_event` to the run of ``workflow`` with ``idempotency_key``,
     first starting it (with ``input``) when no run holds the key: concurrent
     senders start one run, and each event reaches it."""
-    return get_engine().send_event_with_start(
+    return get_engine().events.send_with_start(
         workflow,
         idempotency_key,
         name,
@@ -149,7 +122,7 @@ def send_event_with_start(
 
 def published_values(run_id: uuid.UUID | str) -> dict[str, Any]:
     """The values a run has published with ``ctx.set_event``, by name."""
-    return get_engine().published_values(run_id)
+    return get_engine().events.published_values(run_id)
 
 
 def wait_for_run(
@@ -159,7 +132,7 @@ def wait_for_run(
     :class:`~pikku_django.workflows.RunWaitTimeoutError` after ``timeout`` seconds.
     PostgreSQL wakes the wait with NOTIFY the moment the run ends; elsewhere it
     polls every ``poll_interval`` seconds (default 0.2)."""
-    return get_engine().wait_for_run(run_id, timeout, poll_interval=poll_interval)
+    return get_engine().events.wait_for_run(run_id, timeout, poll_interval=poll_interval)
 
 
 async def await_run(

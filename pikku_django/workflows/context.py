@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
 from pikku_django.workflows import _published, _signals_in, _versions, registry
 from pikku_django.workflows._fanout import ParallelGroup, open_group
-from pikku_django.workflows._inline_steps import fresh
+from pikku_django.workflows._inline_steps import fresh, fresh_result
 from pikku_django.workflows._options import retry_delay_for
 from pikku_django.workflows._run_options import check_aware
 from pikku_django.workflows._values import Pause, StepOptions
@@ -43,15 +43,13 @@ class WorkflowContext:
         self.run_id = recorder.run.id
         self.input = fresh(recorder.run.input)
         self._seen: defaultdict[str, int] = defaultdict(int)
-        #: Whether the run recorded ctx.patched markers (read once a pass, when needed).
-        self._patch_markers: bool | None = None
         #: This pass's parallel groups: their new branches are stored at the next step.
         self._groups: list[ParallelGroup] = []
 
     # -- naming -----------------------------------------------------------------
 
     def _step_name(self, name: object, *, internal: bool = False, branch: bool = False) -> str:
-        if not branch:
+        if self._groups and not branch:
             for group in self._groups:
                 group.flush()
         if not isinstance(name, str) or not name:
@@ -60,8 +58,11 @@ class WorkflowContext:
             raise WorkflowDefinitionError(
                 f"Step name {name!r} may not contain '#': repeats are numbered name#1, name#2"
             )
-        n = self._seen[name]
-        self._seen[name] += 1
+        seen = self._seen
+        n = seen[name]
+        seen[name] = n + 1
+        if n == 0 and len(name) <= 255:
+            return name
         full = name if n == 0 else f"{name}#{n}"
         if len(full) > 255:
             raise WorkflowDefinitionError(f"Step name {full[:40]!r}... is over 255 characters")
@@ -110,6 +111,20 @@ class WorkflowContext:
         its policy); the function itself is not interrupted.
         """
         step_name = self._step_name(name)
+        plain = (
+            retries is None
+            and retry_delay is None
+            and backoff is None
+            and queued is None
+            and queue is None
+            and transactional is None
+            and timeout is None
+        )
+        if plain:
+            # Replay's common case: a step that succeeded on an earlier pass, in O(1).
+            replayed = self._recorder.replayed(step_name, fn)
+            if replayed is not None:
+                return fresh_result(replayed)
         child = registry.get_workflow(fn) if _may_be_workflow(fn) else None
         if child is not None:
             return self._child(step_name, child.name, data, on_error)
@@ -123,6 +138,8 @@ class WorkflowContext:
             transactional=transactional,
             timeout=timeout,
         )
+        if plain:
+            self._recorder.plain_call(fn, options)
         step = self._existing(step_name, options.kind, options.function)
         try:
             if options.kind == StepKind.INLINE:
@@ -140,7 +157,7 @@ class WorkflowContext:
 
     def _settled_or_pause(self, step: WorkflowStep) -> Any:
         if step.status == StepStatus.SUCCEEDED:
-            return fresh(step.result)
+            return fresh_result(step)
         if step.status == StepStatus.FAILED and step.attempt >= step.attempts_allowed:
             raise StepFailedError(step.name, step.error)
         if step.status == StepStatus.SUSPENDED:

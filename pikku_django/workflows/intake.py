@@ -75,3 +75,9 @@ def intakes() -> tuple[Intake, ...]:
     """The registered intakes, in the order they were registered."""
     with _lock:
         return tuple(_intakes.values())
+
+
+def start_waiting_runs(engine: RunStarter, limit: int = 100) -> int:
+    """Start the runs that the registered intakes (stored webhook events...) hold for
+    ``engine``: how many items now have their run (as a worker does on each look)."""
+    return sum(intake.start_waiting(engine, limit) for intake in intakes())
