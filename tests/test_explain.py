@@ -201,8 +201,8 @@ def _load_limits(alias: str) -> None:
         )
         cursor.execute(
             """
-            INSERT INTO pikku_queue_claim (queue, claimed_ms)
-            SELECT 'q' || (g %% 50), floor(extract(epoch FROM now()) * 1000)::bigint - g
+            INSERT INTO pikku_queue_claim (queue, slot, claimed_ms)
+            SELECT 'q' || (g %% 50), g / 50, floor(extract(epoch FROM now()) * 1000)::bigint - g
             FROM generate_series(1, %s) g
             """,
             [RUNS],
@@ -225,7 +225,9 @@ def test_the_limits_queries_use_indexes(vendor: str, alias: str) -> None:
         "waiting_keys": lambda: _admission._keys(store, 100, now),
         "key_head": lambda: _admission._head(store, "customer-3", 5, now),
         "key_in_progress": lambda: _admission.key_state(store, "customer-3", 1),
-        "rate_free": lambda: _rates.free_claims(store, "q7", rate),
+        "rate_take": lambda: _rates.take_slots(store, "q7", rate, 1),
+        "rate_take_more": lambda: _rates.take_slots(store, "q7", Rate(RUNS, 60), 4),
+        "rate_stamp": lambda: _rates.stamp_slots(store, [1, 2]),
         "rate_prune": lambda: _rates.prune_claims(store, "q7", rate),
         "rate_recent": lambda: _rates.recent_claims(store, "q7", rate),
     }
