@@ -245,7 +245,8 @@ def test_a_lowered_rate_uses_fewer_slots_and_prunes_the_rest(alias: str) -> None
     slots.update(claimed_ms=0)  # a period ago
     lowered = _engine(alias, {"slow": {"rate": "2/1h"}})
     assert len(lowered.claim_due_steps(limit=10)) == 2  # slots 0 and 1 only
-    assert prune_claims(lowered.store, "slow", Rate(2, 3600)) == 3
+    past = slots.filter(slot__gte=2).count()  # 3, unless the claim pruned them already
+    assert prune_claims(lowered.store, "slow", Rate(2, 3600)) == past
     assert sorted(slots.values_list("slot", flat=True)) == [0, 1]
     assert lowered.claim_due_steps(limit=10) == []
 
