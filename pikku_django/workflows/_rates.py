@@ -58,16 +58,23 @@ def take_slots(store: WorkflowStore, queue: str, rate: Rate, wanted: int) -> lis
 def _free_slots(
     store: WorkflowStore, queue: str, rate: Rate, wanted: int, besides: Sequence[int] = ()
 ) -> list[int]:
-    free = QueueClaim.objects.using(store.using).filter(
-        queue=queue, slot__lt=rate.count, claimed_ms__lte=_period_start(rate)
-    )
+    # Read off pikku_queue_claim_time, oldest stamp first: the first free slots end
+    # the read, however many slots are in use. (The slot number is not in the
+    # condition, so that no plan reads the queue's slots by number and sorts them.)
+    claims = QueueClaim.objects.using(store.using)
+    free = claims.filter(queue=queue, claimed_ms__lte=_period_start(rate))
     if besides:
         free = free.exclude(id__in=list(besides))
-    return list(
+    rows = list(
         free.order_by("claimed_ms")
         .select_for_update(skip_locked=True)
-        .values_list("id", flat=True)[:wanted]
+        .values_list("id", "slot")[:wanted]
     )
+    taken = [pk for pk, slot in rows if slot < rate.count]
+    if len(taken) < len(rows) and prune_claims(store, queue, rate):
+        # Numbered past a lowered count: gone now, so the next look finds slots only.
+        return taken + _free_slots(store, queue, rate, wanted - len(taken), [*besides, *taken])
+    return taken
 
 
 def _grow(store: WorkflowStore, queue: str, rate: Rate) -> bool:
