@@ -52,8 +52,8 @@ def test_the_queues_page_shows_running_waiting_and_limits(
             available_at=now - timedelta(seconds=30),
             lease_expires_at=process_now_ms() + 60_000 if status == StepStatus.RUNNING else None,
         )
-    QueueClaim.objects.create(queue="reports", claimed_ms=process_now_ms())
-    QueueClaim.objects.create(queue="reports", claimed_ms=0)  # long out of the period
+    QueueClaim.objects.create(queue="reports", slot=0, claimed_ms=process_now_ms())
+    QueueClaim.objects.create(queue="reports", slot=1, claimed_ms=0)  # long out of the period
     for n in range(3):
         WorkflowRunFactory(concurrency_key="acct-9", key_waiting=n > 0)
     page = _page(admin_client, QUEUES)

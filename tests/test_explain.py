@@ -201,8 +201,8 @@ def _load_limits(alias: str) -> None:
         )
         cursor.execute(
             """
-            INSERT INTO pikku_queue_claim (queue, claimed_ms)
-            SELECT 'q' || (g %% 50), floor(extract(epoch FROM now()) * 1000)::bigint - g
+            INSERT INTO pikku_queue_claim (queue, slot, claimed_ms)
+            SELECT 'q' || (g %% 50), g / 50, floor(extract(epoch FROM now()) * 1000)::bigint - g
             FROM generate_series(1, %s) g
             """,
             [RUNS],
@@ -225,7 +225,9 @@ def test_the_limits_queries_use_indexes(vendor: str, alias: str) -> None:
         "waiting_keys": lambda: _admission._keys(store, 100, now),
         "key_head": lambda: _admission._head(store, "customer-3", 5, now),
         "key_in_progress": lambda: _admission.key_state(store, "customer-3", 1),
-        "rate_free": lambda: _rates.free_claims(store, "q7", rate),
+        "rate_take": lambda: _rates.take_slots(store, "q7", rate, 1),
+        "rate_take_more": lambda: _rates.take_slots(store, "q7", Rate(RUNS, 60), 4),
+        "rate_stamp": lambda: _rates.stamp_slots(store, [1, 2]),
         "rate_prune": lambda: _rates.prune_claims(store, "q7", rate),
         "rate_recent": lambda: _rates.recent_claims(store, "q7", rate),
     }
@@ -245,4 +247,68 @@ def test_the_limits_queries_use_indexes(vendor: str, alias: str) -> None:
                 if node["Node Type"] == "Seq Scan":
                     problems.append(f"{name}#{n} scans {node.get('Relation Name')}")
     assert seen == set(calls)
+    assert problems == [], "\n".join(problems)
+
+
+def _load_backlog(alias: str, steps: int) -> None:
+    """``steps`` running runs, each with one queued step ready to be claimed."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE TEMP TABLE backlog AS
+            SELECT gen_random_uuid() AS id, g FROM generate_series(1, %s) g
+            """,
+            [steps],
+        )
+        cursor.execute(
+            """
+            INSERT INTO pikku_workflow_run (id, workflow, status, input, output, error,
+                suspend_reason, inline, idempotency_key, wake_at, wakes, pass_errors,
+                created_at, updated_at)
+            SELECT id, 'bulk', 'running', NULL, NULL, NULL, '', false, NULL, NULL, 0, 0,
+                now() - interval '1 hour', now() - interval '1 hour'
+            FROM backlog
+            """
+        )
+        cursor.execute(
+            """
+            INSERT INTO pikku_workflow_step (run_id, name, kind, function, input, status,
+                result, error, retries, attempt, retry_delay, backoff, lease_expires_at,
+                child_run_id, queue, transactional, available_at, created_at, updated_at)
+            SELECT id, 's', 'queued', 'fn', NULL, 'scheduled', NULL, NULL, 0, 0, 1, 'fixed',
+                NULL, NULL, CASE WHEN g % 2 = 0 THEN 'default' ELSE 'other' END, false,
+                now() - interval '1 minute', now(), now()
+            FROM backlog
+            """
+        )
+        cursor.execute("DROP TABLE backlog")
+
+
+@pytest.mark.parametrize("vendor", [pytest.param("postgres", marks=db_mark("postgres"))])
+def test_the_claim_reads_a_backlog_of_ready_steps_in_claim_order(vendor: str, alias: str) -> None:
+    """The claim of a ready step reads pikku_step_claim_order up to its first ready
+    steps: no sort over the backlog and no join over every running run."""
+    _load_backlog(alias, 10_000)
+    with connections[alias].cursor() as cursor:
+        cursor.execute("ANALYZE pikku_workflow_run")
+        cursor.execute("ANALYZE pikku_workflow_step")
+    store = PostgresStore(alias)
+    now = timezone.now()
+    problems: list[str] = []
+    for served in ([], ["default"]):
+        with CaptureQueriesContext(connections[alias]) as captured, store.atomic():
+            assert len(store.lock_ready_steps(now, served, 1)) == 1
+        [query] = [q["sql"] for q in captured.captured_queries if "FOR UPDATE" in q["sql"]]
+        with connections[alias].cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query.replace("%", "%%"))
+            plan = _json(cursor.fetchone()[0])
+        nodes = list(_nodes(plan))
+        scans = {n.get("Index Name") for n in nodes if n.get("Relation Name") in TABLES}
+        if "pikku_step_claim_order" not in scans:
+            problems.append(f"{served}: reads {scans}, not pikku_step_claim_order")
+        for node in nodes:
+            if node["Node Type"] in ("Sort", "Hash Join", "Merge Join", "Seq Scan"):
+                problems.append(f"{served}: {node['Node Type']} in the claim's plan")
+            if node.get("Relation Name") == "pikku_workflow_step" and node["Actual Rows"] > 5:
+                problems.append(f"{served}: reads {node['Actual Rows']} steps for one claim")
     assert problems == [], "\n".join(problems)

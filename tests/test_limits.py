@@ -16,7 +16,7 @@ from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import QueueClaim, RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import FakeClock, WorkflowContext, WorkflowEngine, step, workflow
 from pikku_django.workflows._admission import admit, admittable
-from pikku_django.workflows._rates import prune_claims
+from pikku_django.workflows._rates import GROW_AT_LEAST, prune_claims
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.queues import Rate, parse_queues
 from pikku_django.workflows.store import NewRun
@@ -227,13 +227,42 @@ def test_a_rated_queue_claims_at_most_its_rate_per_period(alias: str) -> None:
     for claimed in got:
         engine.execute_step(claimed, wake=False)
     assert engine.claim_due_steps(limit=10) == []  # settled claims still count
+    # The queue has as many slots as its rate's count, each used once.
     assert QueueClaim.objects.using(alias).filter(queue="slow").count() == 2
-    # Once a claim is older than the period it no longer counts (and is deleted).
+    # Once a claim is older than the period its slot is free again.
     QueueClaim.objects.using(alias).update(claimed_ms=0)
     assert len(engine.claim_due_steps(limit=10)) == 2
     assert QueueClaim.objects.using(alias).filter(queue="slow", claimed_ms__gt=0).count() == 2
-    assert prune_claims(engine.store, "slow", Rate(2, 3600)) in (0, 2)  # some may be gone
     assert QueueClaim.objects.using(alias).filter(queue="slow").count() == 2
+
+
+def test_a_lowered_rate_uses_fewer_slots_and_prunes_the_rest(alias: str) -> None:
+    engine = _engine(alias, {"slow": {"rate": "5/1h"}})
+    _ready_steps(engine, 8, "slow")
+    assert len(engine.claim_due_steps(limit=10)) == 5
+    slots = QueueClaim.objects.using(alias).filter(queue="slow")
+    assert sorted(slots.values_list("slot", flat=True)) == [0, 1, 2, 3, 4]
+    slots.update(claimed_ms=0)  # a period ago
+    lowered = _engine(alias, {"slow": {"rate": "2/1h"}})
+    assert len(lowered.claim_due_steps(limit=10)) == 2  # slots 0 and 1 only
+    past = slots.filter(slot__gte=2).count()  # 3, unless the claim pruned them already
+    assert prune_claims(lowered.store, "slow", Rate(2, 3600)) == past
+    assert sorted(slots.values_list("slot", flat=True)) == [0, 1]
+    assert lowered.claim_due_steps(limit=10) == []
+
+
+def test_a_queues_slots_grow_as_it_claims_up_to_its_count(alias: str) -> None:
+    engine = _engine(alias, {"big": {"rate": f"{GROW_AT_LEAST * 3}/1h"}})
+    _ready_steps(engine, GROW_AT_LEAST * 3 + 2, "big")
+    slots = QueueClaim.objects.using(alias).filter(queue="big")
+    assert len(engine.claim_due_steps(limit=1)) == 1
+    assert slots.count() == GROW_AT_LEAST  # made as the queue first needs them
+    assert len(engine.claim_due_steps(limit=GROW_AT_LEAST)) == GROW_AT_LEAST
+    assert slots.count() == GROW_AT_LEAST * 2  # doubled
+    assert len(engine.claim_due_steps(limit=100)) == GROW_AT_LEAST * 3 - GROW_AT_LEAST - 1
+    assert slots.count() == GROW_AT_LEAST * 3  # never past the count
+    assert engine.claim_due_steps(limit=100) == []
+    assert sorted(slots.values_list("slot", flat=True)) == list(range(GROW_AT_LEAST * 3))
 
 
 def test_a_queues_rate_and_concurrency_both_hold(alias: str) -> None:

@@ -22,6 +22,8 @@ PIKKU = {
     "WORKER_POLL_INTERVAL": float(os.environ.get("PIKKU_TEST_POLL", "0.2")),
     # Declared queues, as JSON (tests/test_queues_workers.py).
     "QUEUES": json.loads(os.environ.get("PIKKU_TEST_QUEUES", "{}")),
+    # Declared schedules, as JSON (tests/test_schedules_workers.py).
+    "SCHEDULES": json.loads(os.environ.get("PIKKU_TEST_SCHEDULES", "{}")),
     # A worker that passes only the workflow versions it carries (tests/test_deploy.py).
     "WORKFLOW_CARRIED_VERSIONS_ONLY": os.environ.get("PIKKU_TEST_CARRIED_ONLY") == "1",
 }

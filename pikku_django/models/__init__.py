@@ -7,6 +7,7 @@ from pikku_django.models.limits import QueueClaim
 from pikku_django.models.schedules import MissedTicks, Schedule, ScheduleOrigin
 from pikku_django.models.webhooks import CredentialValue, TriggerSource, WebhookReceipt
 from pikku_django.models.workflows import (
+    CLAIMABLE_STATUSES,
     TERMINAL_RUN_STATUSES,
     AttemptStatus,
     Backoff,
@@ -19,6 +20,7 @@ from pikku_django.models.workflows import (
 )
 
 __all__ = [
+    "CLAIMABLE_STATUSES",
     "TERMINAL_RUN_STATUSES",
     "AttemptStatus",
     "Backoff",

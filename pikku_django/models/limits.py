@@ -1,4 +1,4 @@
-"""The recent claims of rate-limited queues, counted by every worker's claim."""
+"""The rate slots of rate-limited queues, taken by every worker's claim."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ from django.utils.translation import gettext_lazy as _
 
 
 class QueueClaim(models.Model):
-    """One claim of a step from a queue that declares a ``rate``, at the store's time.
+    """One of a rated queue's ``count`` slots, stamped with the store's time of the
+    last claim that used it (see ``pikku_django.workflows._rates``).
 
-    A claim counts against its queue's rate for one period; older rows are deleted
-    by the next claim from the queue.
+    A slot is free again one period after its stamp; a queue has at most as many
+    slots as its rate's count.
     """
 
     id = models.BigAutoField(primary_key=True)
     queue = models.CharField(_("queue"), max_length=100)
+    slot = models.PositiveIntegerField(_("slot"), default=0)
     claimed_ms = models.BigIntegerField(_("claimed at (epoch ms)"))
 
     class Meta:
@@ -22,6 +24,9 @@ class QueueClaim(models.Model):
         verbose_name = _("queue claim")
         verbose_name_plural = _("queue claims")
         indexes = (models.Index(fields=("queue", "claimed_ms"), name="pikku_queue_claim_time"),)
+        constraints = (
+            models.UniqueConstraint(fields=("queue", "slot"), name="pikku_queue_claim_slot"),
+        )
 
     def __str__(self) -> str:
-        return f"{self.queue} at {self.claimed_ms}"
+        return f"{self.queue} slot {self.slot} at {self.claimed_ms}"

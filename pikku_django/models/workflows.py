@@ -28,6 +28,11 @@ class StepStatus(models.TextChoices):
     SUSPENDED = "suspended", _("suspended")
 
 
+#: The statuses a queued step may be claimed in (the pikku_step_claim_order index's
+#: condition, which the claim repeats so that its plan can read that index).
+CLAIMABLE_STATUSES = ("scheduled", "pending", "failed", "running")
+
+
 class AttemptStatus(models.TextChoices):
     """An attempt's status: its step's, or ``superseded`` once a later claim replaced it."""
 
@@ -298,9 +303,7 @@ class WorkflowStep(models.Model):
                 models.F("priority").desc(),
                 "id",
                 name="pikku_step_claim_order",
-                condition=models.Q(
-                    kind="queued", status__in=("scheduled", "pending", "failed", "running")
-                ),
+                condition=models.Q(kind="queued", status__in=CLAIMABLE_STATUSES),
             ),
             # Suspensions with a timeout, by when they time out.
             models.Index(

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from pikku_django.dbclock import EpochMs
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
-from pikku_django.workflows._rates import free_claims, record_claim
+from pikku_django.workflows._rates import maybe_prune, stamp_slots, take_slots
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._timeouts import capped_lease_ms, time_out_lapsed
 from pikku_django.workflows._values import ClaimedStep, DueRun, default_worker_id
@@ -192,13 +192,22 @@ class Claims:
             fresh = self._claim_fresh(now, served, limit, worker or default_worker_id())
             if fresh:
                 return fresh
+        locked = [q for q in limited if config.concurrency_of(q) is not None]
         claimed: list[ClaimedStep] = []
-        with self.store.claims_serialised(), self.store.limited_claim(limited):
-            # A limited queue's free slots: its limit less its claims whose lease
-            # has not lapsed, and its rate less its claims in the last period,
-            # counted while no other worker claims from it.
-            free = {q: self._free_slots(q) for q in limited}
+        with self.store.claims_serialised(), self.store.limited_claim(locked):
+            # A limited queue's free slots: its concurrency limit less its claims whose
+            # lease has not lapsed, counted while no other worker claims from it; and
+            # the rate slots this claim locked (other workers' claims lock others).
+            free = {q: self._concurrency_room(q) for q in limited}
+            slots: dict[str, list[int]] = {}
+            for q in limited:
+                rate = config.rate_of(q)
+                if rate is not None and free[q] > 0:
+                    maybe_prune(self.store, q, rate)
+                    slots[q] = take_slots(self.store, q, rate, min(free[q], limit))
+                    free[q] = len(slots[q])
             full = [q for q, n in free.items() if n <= 0]
+            used: list[int] = []
             for step in self.store.lock_ready_steps(now, served, limit, full):
                 if free.get(step.queue, 1) <= 0:
                     continue
@@ -209,8 +218,9 @@ class Claims:
                     claimed.append(got)
                     if step.queue in free:
                         free[step.queue] -= 1
-                        if config.rate_of(step.queue) is not None:
-                            record_claim(self.store, step.queue)
+                    if step.queue in slots:
+                        used.append(slots[step.queue].pop())
+            stamp_slots(self.store, used)
         return claimed
 
     def _claim_fresh(
@@ -233,17 +243,13 @@ class Claims:
             _claimed(step, step.attempt, lease, claimed_at, reclaimed=False) for step, lease in rows
         ]
 
-    def _free_slots(self, queue: str) -> int:
-        """How many more of ``queue``'s steps may be claimed now, by its limits."""
-        config = self.config
-        slots = []
-        concurrency = config.concurrency_of(queue)
-        if concurrency is not None:
-            slots.append(concurrency - self.store.live_claims(queue))
-        rate = config.rate_of(queue)
-        if rate is not None:
-            slots.append(free_claims(self.store, queue, rate))
-        return min(slots, default=1)
+    def _concurrency_room(self, queue: str) -> int:
+        """How many more of ``queue``'s steps its concurrency limit lets be claimed now
+        (a large number without one: the rate's slots decide)."""
+        concurrency = self.config.concurrency_of(queue)
+        if concurrency is None:
+            return 1 << 30
+        return concurrency - self.store.live_claims(queue)
 
 
 def _claimed(

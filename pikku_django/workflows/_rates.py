@@ -1,18 +1,26 @@
 """Queue rate limits: at most ``count`` claims per period, across every worker.
 
-Each claim from a rated queue is one :class:`~pikku_django.models.QueueClaim`
-row stamped with the store's clock as it is written (after the claim), and a
-claim is made only while fewer than ``count`` rows are younger than the period,
-counted before it. Both run inside the claim's transaction, under the queue's
-claim lock, so no two workers count the same free slot: any ``count + 1``
-claims of a queue are at least one period apart.
+A rated queue has at most ``count`` slot rows (:class:`~pikku_django.models.QueueClaim`,
+numbered ``0 .. count - 1``), each stamped with the store's clock when a claim last
+used it. A claim first locks a slot whose stamp is at least a period old (``SELECT
+... FOR UPDATE SKIP LOCKED``: concurrent claims lock different slots, none waits for
+another), then claims its step, then stamps the slot, all in the claim's
+transaction. A slot is therefore used at most once a period, and any ``count + 1``
+claims of a queue are at least one period apart, with no lock on the queue as a
+whole. A worker killed mid-claim rolls back its claim and its slot's stamp together.
+
+Slots are made as the queue first needs them (the next numbers, doubling the
+queue's slots each time, up to ``count``; the numbers are unique, so concurrent
+makers never make more), so a queue keeps at most ``count`` rows; slots numbered
+past a lowered ``count`` are deleted now and then.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Collection, Sequence
 
-from django.db.models import BigIntegerField, ExpressionWrapper, Value
+from django.db.models import BigIntegerField, ExpressionWrapper, Max, Value
 from django.db.models.expressions import CombinedExpression
 
 from pikku_django.dbclock import EpochMs
@@ -20,9 +28,11 @@ from pikku_django.models import QueueClaim
 from pikku_django.workflows.queues import Rate
 from pikku_django.workflows.store import WorkflowStore
 
-#: About one look at a queue's rate in this many deletes the claims that no longer
-#: count (they are never counted, so they only take room until then).
+#: About one look at a queue's rate in this many deletes the slots that no longer
+#: belong to a rate.
 PRUNE_EVERY = 20
+#: The fewest slots a queue's slots grow by at once.
+GROW_AT_LEAST = 16
 
 
 def _period_start(rate: Rate) -> ExpressionWrapper[CombinedExpression]:
@@ -32,31 +42,88 @@ def _period_start(rate: Rate) -> ExpressionWrapper[CombinedExpression]:
     )
 
 
-def free_claims(store: WorkflowStore, queue: str, rate: Rate) -> int:
-    """How many claims ``queue`` may make now; now and then (one look in
-    :data:`PRUNE_EVERY`) claims older than a period are deleted too."""
+def take_slots(store: WorkflowStore, queue: str, rate: Rate, wanted: int) -> list[int]:
+    """Lock up to ``wanted`` of ``queue``'s free slots (used more than a period ago,
+    and not locked by another claim), making slots first where the queue has fewer
+    than its rate; their ids. Inside the claim's transaction, which holds them until
+    it ends: :func:`stamp_slots` marks those a claim used."""
+    if wanted <= 0:
+        return []
+    taken = _free_slots(store, queue, rate, wanted)
+    if len(taken) < wanted and _grow(store, queue, rate):
+        taken += _free_slots(store, queue, rate, wanted - len(taken), taken)
+    return taken
+
+
+def _free_slots(
+    store: WorkflowStore, queue: str, rate: Rate, wanted: int, besides: Sequence[int] = ()
+) -> list[int]:
+    # Read off pikku_queue_claim_time, oldest stamp first: the first free slots end
+    # the read, however many slots are in use. (The slot number is not in the
+    # condition, so that no plan reads the queue's slots by number and sorts them.)
+    claims = QueueClaim.objects.using(store.using)
+    free = claims.filter(queue=queue, claimed_ms__lte=_period_start(rate))
+    if besides:
+        free = free.exclude(id__in=list(besides))
+    rows = list(
+        free.order_by("claimed_ms")
+        .select_for_update(skip_locked=True)
+        .values_list("id", "slot")[:wanted]
+    )
+    taken = [pk for pk, slot in rows if slot < rate.count]
+    if len(taken) < len(rows) and prune_claims(store, queue, rate):
+        # Numbered past a lowered count: gone now, so the next look finds slots only.
+        return taken + _free_slots(store, queue, rate, wanted - len(taken), [*besides, *taken])
+    return taken
+
+
+def _grow(store: WorkflowStore, queue: str, rate: Rate) -> bool:
+    """Make ``queue``'s next slots, free (doubling its count, at most up to the rate's
+    count); False if it has them all. Numbers another claim made meanwhile are left
+    to it (the slot numbers are unique)."""
+    slots = QueueClaim.objects.using(store.using).filter(queue=queue)
+    top = slots.aggregate(top=Max("slot"))["top"]
+    first = 0 if top is None else top + 1
+    if first >= rate.count:
+        return False
+    last = min(rate.count, first + max(GROW_AT_LEAST, first))
+    QueueClaim.objects.using(store.using).bulk_create(
+        [QueueClaim(queue=queue, slot=n, claimed_ms=0) for n in range(first, last)],
+        batch_size=1000,
+        ignore_conflicts=True,
+    )
+    return True
+
+
+def stamp_slots(store: WorkflowStore, slot_ids: Collection[int]) -> None:
+    """Mark the slots (locked by :func:`take_slots`) as used by a claim now, on the
+    store's clock: after the claim, so the next use of each is a period later still."""
+    if slot_ids:
+        QueueClaim.objects.using(store.using).filter(id__in=list(slot_ids)).update(
+            claimed_ms=EpochMs()
+        )
+
+
+def maybe_prune(store: WorkflowStore, queue: str, rate: Rate) -> int:
+    """About one call in :data:`PRUNE_EVERY`, :func:`prune_claims`."""
     if random.random() < 1 / PRUNE_EVERY:
-        prune_claims(store, queue, rate)
-    return max(rate.count - recent_claims(store, queue, rate), 0)
+        return prune_claims(store, queue, rate)
+    return 0
 
 
 def prune_claims(store: WorkflowStore, queue: str, rate: Rate) -> int:
-    """Delete the claims of ``queue`` that no longer count against its rate: how many."""
+    """Delete ``queue``'s slots numbered past its rate's count (the count was lowered)
+    that no claim used in the last period: how many."""
     old = QueueClaim.objects.using(store.using).filter(
-        queue=queue, claimed_ms__lte=_period_start(rate)
+        queue=queue, slot__gte=rate.count, claimed_ms__lte=_period_start(rate)
     )
     return int(old.delete()[0])
-
-
-def record_claim(store: WorkflowStore, queue: str) -> None:
-    """Count one claim of ``queue`` against its rate, at the store's now."""
-    QueueClaim.objects.using(store.using).create(queue=queue, claimed_ms=EpochMs())
 
 
 def recent_claims(store: WorkflowStore, queue: str, rate: Rate) -> int:
     """How many claims of ``queue`` count against its rate now (for the admin)."""
     return (
         QueueClaim.objects.using(store.using)
-        .filter(queue=queue, claimed_ms__gt=_period_start(rate))
+        .filter(queue=queue, slot__lt=rate.count, claimed_ms__gt=_period_start(rate))
         .count()
     )

@@ -11,12 +11,13 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
-from django.db.models import Exists, F, Min, OuterRef, Q, QuerySet
+from django.db import IntegrityError, OperationalError, connections, transaction
+from django.db.models import Exists, F, Min, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from pikku_django.dbclock import EpochMs
 from pikku_django.models import (
+    CLAIMABLE_STATUSES,
     AttemptStatus,
     RunStatus,
     StepKind,
@@ -306,8 +307,16 @@ class OrmStore(WorkflowStore):
         steps = self._queued(queues)
         if full:
             steps = steps.exclude(queue__in=list(full))
+        # Read in claim order off pikku_step_claim_order (whose condition is repeated
+        # so the planner may use it), the first ready steps end the read, however many
+        # wait behind them: not every ready step sorted. The step's run is looked up
+        # by its key for each step read (a LIMITed scalar subquery is never turned
+        # into a join; IN or EXISTS may be, which reads every running run).
+        passed = self.worker_runs().filter(id=OuterRef("run_id")).order_by().values("id")[:1]
         return list(
-            steps.filter(ready(now), run_id__in=self.worker_runs().values("id"))
+            steps.filter(ready(now), status__in=CLAIMABLE_STATUSES)
+            .alias(passed_run=Subquery(passed))
+            .filter(passed_run__isnull=False)
             .order_by(*STEP_CLAIM_ORDER)
             .select_for_update(skip_locked=True)
             .annotate(store_now=EpochMs())[:limit]
