@@ -73,6 +73,7 @@ def test_scale_quick_prints_every_figure_with_its_baseline() -> None:
         "long2",
         "latency",
         "inline",
+        "repeats",
     }
     assert "server_version" in report["server"]
     # The same VACUUM ANALYZE before every steps/s phase, the empty tables' too.
