@@ -5,7 +5,9 @@ measured in the same run:
 
 - steps/s for runs of 10 queued steps on empty tables, then after bulk-loading
   completed runs (10 steps and attempts each, by SQL), then sleeping runs (a one-day
-  ``ctx.sleep``), then failed runs; each against the empty-table figure (target 0.9);
+  ``ctx.sleep``), then failed runs; each against the empty-table figure (target 0.9),
+  with the server's buffer reads and transactions per step beside the empty tables'
+  (the work a step costs, which the machine's load does not change);
 - a long run's time per step against a 10-step run's (target at most 1.5x);
 - runs of 10 registered (queued) steps started with ``inline=True`` against runs of 10
   inline closures, in the caller's thread (target at least 0.5x), with SQL per run;
@@ -91,6 +93,8 @@ class Bench:
         self.size = size
         self.engine = WorkflowEngine("default")
         self.worker: Any = None
+        #: The last steps/s figure's buffers and transactions a step, on the server.
+        self.per_step: dict[str, float] = {}
         self.thread: threading.Thread | None = None
 
     # -- the worker -----------------------------------------------------------------------
@@ -119,6 +123,7 @@ class Bench:
         from pikku_django.models import RunStatus, WorkflowRun
 
         n, figures = self.size["runs"], []
+        before = self.server_counts()
         for _ in range(self.size.get("repeats", 1)):
             t0 = time.perf_counter()
             ids = [self.engine.start("bench.queued", {"steps": 10}).id for _ in range(n)]
@@ -126,7 +131,25 @@ class Bench:
             done = runs.filter(status=RunStatus.COMPLETED)
             wait_for(lambda d=done: d.count() == n, 600, "the runs")
             figures.append(n * 10 / (time.perf_counter() - t0))
+        time.sleep(STATS_SETTLE)  # the worker's statistics reach the server
+        after = self.server_counts()
+        steps = n * 10 * len(figures)
+        self.per_step = {k: (after[k] - before[k]) / steps for k in before}
         return percentile(figures, 50)
+
+    def server_counts(self) -> dict[str, int]:
+        """The database's buffer reads (from shared buffers or not) and transactions
+        so far, by the server's statistics: the work done, whatever the machine's load."""
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT blks_hit + blks_read, blks_read, xact_commit + xact_rollback "
+                "FROM pg_stat_database WHERE datname = current_database()"
+            )
+            blocks, read, transactions = cursor.fetchone()
+        return {"blocks": int(blocks), "read": int(read), "transactions": int(transactions)}
 
     def per_step_ms(self, steps: int, repeats: int = 1) -> float:
         from pikku_django.models import RunStatus, WorkflowRun
@@ -290,6 +313,13 @@ def register() -> None:
         ctx.sleep("nap", 86400)
 
 
+def work(per_step: dict[str, float]) -> str:
+    return (
+        f"{per_step['blocks']:.0f} buffers ({per_step['read']:.1f} not in shared buffers) "
+        f"and {per_step['transactions']:.1f} transactions a step"
+    )
+
+
 def figure(value: float, baseline: float | None, unit: str, target: str) -> dict[str, Any]:
     ratio = None if not baseline else round(value / baseline, 3)
     return {
@@ -318,7 +348,8 @@ def measure(
     maintain("empty", vacuum, maintenance)
     bench.start_worker()
     empty = bench.steps_per_second()
-    say(f"steps/s, empty tables: {empty:.0f}")
+    empty_work = bench.per_step
+    say(f"steps/s, empty tables: {empty:.0f} ({work(empty_work)})")
     short = bench.per_step_ms(10, repeats=5)
     for key in ("long1", "long2"):
         per_step = bench.per_step_ms(size[key])
@@ -335,6 +366,11 @@ def measure(
         maintain(kind, vacuum, maintenance)
         say(f"{maintenance[kind]['command']}: {maintenance[kind]['seconds']:.1f}s")
         value = bench.steps_per_second()
+        for what, unit in (("blocks", "buffers/step"), ("transactions", "tx/step")):
+            out[f"{what}_per_step_with_{kind}"] = figure(
+                bench.per_step[what], empty_work[what], unit, "as low as empty"
+            )
+        say(f"  {kind}: {work(bench.per_step)}, empty: {work(empty_work)}")
         out[f"steps_per_s_with_{kind}"] = figure(value, empty, "steps/s", "ratio >= 0.9")
         say(f"steps/s with {kind} runs too: {value:.0f} ({value / empty:.2f} of empty)")
     lat_loaded = bench.latency_ms()
