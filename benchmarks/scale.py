@@ -5,7 +5,9 @@ measured in the same run:
 
 - steps/s for runs of 10 queued steps on empty tables, then after bulk-loading
   completed runs (10 steps and attempts each, by SQL), then sleeping runs (a one-day
-  ``ctx.sleep``), then failed runs; each against the empty-table figure (target 0.9);
+  ``ctx.sleep``), then failed runs; each against the empty-table figure (target 0.9),
+  with the server's buffer reads and transactions per step beside the empty tables'
+  (the work a step costs, which the machine's load does not change);
 - a long run's time per step against a 10-step run's (target at most 1.5x);
 - runs of 10 registered (queued) steps started with ``inline=True`` against runs of 10
   inline closures, in the caller's thread (target at least 0.5x), with SQL per run;
@@ -15,7 +17,15 @@ measured in the same run:
 - an idle worker's server transactions per second, loaded against empty;
 - the rows per second ``pikku_prune`` deletes.
 
-Full size: 200 runs of 10 steps, 200,000 completed, 100,000 sleeping and 20,000 failed
+Before every steps/s phase (the empty tables too) the pikku tables get the same
+``VACUUM ANALYZE``, as a server's autovacuum would give them after a bulk load: freshly
+loaded rows otherwise carry no hint bits and no visibility map, so the first phase
+after a load pays a one-off cost no running system has. ``--no-vacuum`` runs only
+``ANALYZE`` instead (the earlier measurement). What ran, and how long it took, is in
+the JSON under ``maintenance``.
+
+Full size: 200 runs of 10 steps (each steps/s figure the median of ``--repeats``
+batches, 3), 200,000 completed, 100,000 sleeping and 20,000 failed
 runs, 1,000- and 2,000-step runs. ``--scale 0.1`` divides the loaded rows and the long
 runs by ten (``--long 1000,2000`` keeps the long runs whole); ``--quick`` is a small
 end-to-end run. ``--only long`` measures only the long runs against the 10-step run
@@ -44,7 +54,13 @@ os.environ.setdefault(
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench_settings"
 
 import django  # noqa: E402
-from benchlib import ensure_database, percentile, pg_server_settings, wait_for  # noqa: E402
+from benchlib import (  # noqa: E402
+    STATS_SETTLE,
+    ensure_database,
+    percentile,
+    pg_server_settings,
+    wait_for,
+)
 
 MARKS: dict[int, float] = {}
 TABLES = ("pikku_step_attempt", "pikku_workflow_step", "pikku_workflow_run", "pikku_lease")
@@ -53,7 +69,7 @@ TABLES = ("pikku_step_attempt", "pikku_workflow_step", "pikku_workflow_run", "pi
 def sizes(args: argparse.Namespace) -> dict[str, int]:
     if args.quick:
         return dict(runs=20, completed=2_000, sleeping=1_000, failed=200, long1=100, long2=200,
-                    latency=15, inline=10)  # fmt: skip
+                    latency=15, inline=10, repeats=1)  # fmt: skip
     f = args.scale
     long1, long2 = args.long or (max(int(1_000 * f), 20), max(int(2_000 * f), 40))
     return {
@@ -65,6 +81,7 @@ def sizes(args: argparse.Namespace) -> dict[str, int]:
         "long2": long2,
         "latency": 100,
         "inline": 100,
+        "repeats": args.repeats,
     }
 
 
@@ -77,6 +94,8 @@ class Bench:
         self.size = size
         self.engine = WorkflowEngine("default")
         self.worker: Any = None
+        #: The last steps/s figure's buffers and transactions a step, on the server.
+        self.per_step: dict[str, float] = {}
         self.thread: threading.Thread | None = None
 
     # -- the worker -----------------------------------------------------------------------
@@ -100,15 +119,38 @@ class Bench:
     # -- figures --------------------------------------------------------------------------
 
     def steps_per_second(self) -> float:
-        """10-step runs through the worker: steps per second from first start to last end."""
+        """10-step runs through the worker: steps per second from first start to last
+        end, the median of ``repeats`` batches."""
         from pikku_django.models import RunStatus, WorkflowRun
 
-        n = self.size["runs"]
-        t0 = time.perf_counter()
-        ids = [self.engine.start("bench.queued", {"steps": 10}).id for _ in range(n)]
-        runs = WorkflowRun.objects.filter(id__in=ids)
-        wait_for(lambda: runs.filter(status=RunStatus.COMPLETED).count() == n, 600, "the runs")
-        return n * 10 / (time.perf_counter() - t0)
+        n, figures = self.size["runs"], []
+        before = self.server_counts()
+        for _ in range(self.size.get("repeats", 1)):
+            t0 = time.perf_counter()
+            ids = [self.engine.start("bench.queued", {"steps": 10}).id for _ in range(n)]
+            runs = WorkflowRun.objects.filter(id__in=ids)
+            done = runs.filter(status=RunStatus.COMPLETED)
+            wait_for(lambda d=done: d.count() == n, 600, "the runs")
+            figures.append(n * 10 / (time.perf_counter() - t0))
+        time.sleep(STATS_SETTLE)  # the worker's statistics reach the server
+        after = self.server_counts()
+        steps = n * 10 * len(figures)
+        self.per_step = {k: (after[k] - before[k]) / steps for k in before}
+        return percentile(figures, 50)
+
+    def server_counts(self) -> dict[str, int]:
+        """The database's buffer reads (from shared buffers or not) and transactions
+        so far, by the server's statistics: the work done, whatever the machine's load."""
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT blks_hit + blks_read, blks_read, xact_commit + xact_rollback "
+                "FROM pg_stat_database WHERE datname = current_database()"
+            )
+            blocks, read, transactions = cursor.fetchone()
+        return {"blocks": int(blocks), "read": int(read), "transactions": int(transactions)}
 
     def per_step_ms(self, steps: int, repeats: int = 1) -> float:
         from pikku_django.models import RunStatus, WorkflowRun
@@ -168,7 +210,9 @@ class Bench:
                 )
                 return int(cursor.fetchone()[0])
 
-        time.sleep(1.5)  # earlier work's statistics reach the server
+        # Earlier work's statistics reach the server: an idle backend may hold its
+        # counts for up to 10 s (PostgreSQL's PGSTAT_IDLE_INTERVAL).
+        time.sleep(STATS_SETTLE)
         before = count()
         time.sleep(seconds)
         after = count()
@@ -239,8 +283,19 @@ def bulk_load(kind: str, count: int, chunk: int = 20_000) -> None:
                 f"SELECT r.id, {steps} FROM r, {per_run} RETURNING id, attempt, created_at, "
                 f"updated_at){tail}SELECT count(*) FROM s"
             )
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")
+
+
+def maintain(phase: str, vacuum: bool, record: dict[str, Any]) -> None:
+    """The same maintenance before every phase: ``VACUUM ANALYZE`` of the pikku tables
+    (``ANALYZE`` only without ``vacuum``), timed into ``record``."""
+    from django.db import connection
+
+    command = "VACUUM (ANALYZE)" if vacuum else "ANALYZE"
+    t0 = time.perf_counter()
+    with connection.cursor() as cursor:  # autocommit: VACUUM runs outside a transaction
+        for table in TABLES:
+            cursor.execute(f"{command} {table}")
+    record[phase] = {"command": command, "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def register() -> None:
@@ -257,6 +312,13 @@ def register() -> None:
     @workflow(name="scale.sleeper")
     def sleeper(ctx: WorkflowContext, inp: Any) -> None:
         ctx.sleep("nap", 86400)
+
+
+def work(per_step: dict[str, float]) -> str:
+    return (
+        f"{per_step['blocks']:.0f} buffers ({per_step['read']:.1f} not in shared buffers) "
+        f"and {per_step['transactions']:.1f} transactions a step"
+    )
 
 
 def figure(value: float, baseline: float | None, unit: str, target: str) -> dict[str, Any]:
@@ -297,7 +359,9 @@ def measure_long(bench: Bench, say: Callable[[str], None], repeats: int) -> dict
     return out
 
 
-def measure(bench: Bench, say: Callable[[str], None]) -> dict[str, Any]:
+def measure(
+    bench: Bench, say: Callable[[str], None], vacuum: bool, maintenance: dict[str, Any]
+) -> dict[str, Any]:
     from django.db import connections
 
     size, out = bench.size, {}
@@ -309,23 +373,32 @@ def measure(bench: Bench, say: Callable[[str], None]) -> dict[str, Any]:
         f"inline runs of 10 steps: registered {registered:.1f} runs/s ({reg_sql:.0f} statements "
         f"a run) against closures {closures:.1f} ({clo_sql:.0f}): {registered / closures:.2f}"
     )
+    maintain("empty", vacuum, maintenance)
     bench.start_worker()
     empty = bench.steps_per_second()
-    say(f"steps/s, empty tables: {empty:.0f}")
+    empty_work = bench.per_step
+    say(f"steps/s, empty tables: {empty:.0f} ({work(empty_work)})")
     short = bench.per_step_ms(10, repeats=5)
     for key in ("long1", "long2"):
         per_step = bench.per_step_ms(size[key])
         out[f"per_step_{size[key]}_steps"] = figure(per_step, short, "ms/step", "ratio <= 1.5")
         say(f"{size[key]}-step run: {per_step:.2f} ms/step against {short:.2f} for 10 steps")
     lat_empty = bench.latency_ms()
-    idle_empty = bench.idle_transactions_per_second(3 if size["runs"] < 100 else 10)
+    idle_empty = bench.idle_transactions_per_second(3 if size["runs"] < 100 else 30)
     say(f"latency, empty: p50 {lat_empty[0]:.1f} ms, p95 {lat_empty[1]:.1f} ms")
     out["steps_per_s_empty"] = figure(empty, empty, "steps/s", "baseline")
     for kind in ("completed", "sleeping", "failed"):
         t0 = time.perf_counter()
         bulk_load(kind, size[kind])
         say(f"loaded {size[kind]} {kind} runs in {time.perf_counter() - t0:.1f}s")
+        maintain(kind, vacuum, maintenance)
+        say(f"{maintenance[kind]['command']}: {maintenance[kind]['seconds']:.1f}s")
         value = bench.steps_per_second()
+        for what, unit in (("blocks", "buffers/step"), ("transactions", "tx/step")):
+            out[f"{what}_per_step_with_{kind}"] = figure(
+                bench.per_step[what], empty_work[what], unit, "as low as empty"
+            )
+        say(f"  {kind}: {work(bench.per_step)}, empty: {work(empty_work)}")
         out[f"steps_per_s_with_{kind}"] = figure(value, empty, "steps/s", "ratio >= 0.9")
         say(f"steps/s with {kind} runs too: {value:.0f} ({value / empty:.2f} of empty)")
     lat_loaded = bench.latency_ms()
@@ -334,13 +407,14 @@ def measure(bench: Bench, say: Callable[[str], None]) -> dict[str, Any]:
         target = "value < 10 ms" if pct == "p50" else "as low as empty"
         out[f"latency_{pct}_empty"] = figure(lat_empty[i], None, "ms", target)
         out[f"latency_{pct}_loaded"] = figure(lat_loaded[i], lat_empty[i], "ms", target)
-    idle_loaded = bench.idle_transactions_per_second(3 if size["runs"] < 100 else 10)
+    idle_loaded = bench.idle_transactions_per_second(3 if size["runs"] < 100 else 30)
     out["idle_tx_per_s_loaded"] = figure(idle_loaded, idle_empty, "tx/s", "as low as empty")
     say(f"idle worker transactions/s: {idle_loaded:.1f} loaded, {idle_empty:.1f} empty")
     loaded60 = out["steps_per_s_with_failed"]["value"]
     bench.stop_worker()
 
     connections["default"].settings_dict["CONN_MAX_AGE"] = 0
+    maintain("cma0", vacuum, maintenance)
     bench.start_worker()
     cma0 = bench.steps_per_second()
     lat0 = bench.latency_ms()
@@ -379,7 +453,14 @@ def main() -> int:
         "--repeats",
         type=int,
         default=3,
-        help="with --only long: rounds of the three figures, interleaved (3)",
+        help="batches of runs per steps/s figure, the median reported; with --only long, "
+        "rounds of the three figures, interleaved (3)",
+    )
+    parser.add_argument(
+        "--no-vacuum",
+        dest="vacuum",
+        action="store_false",
+        help="only ANALYZE before each phase, not VACUUM ANALYZE",
     )
     args = parser.parse_args()
     url = os.environ["PIKKU_BENCH_WORKFLOWS_URL"]
@@ -399,10 +480,11 @@ def main() -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
+    maintenance: dict[str, Any] = {}
     if args.only == "long":
         figures = measure_long(Bench(size), say, args.repeats)
     else:
-        figures = measure(Bench(size), say)
+        figures = measure(Bench(size), say, args.vacuum, maintenance)
     print(
         json.dumps(
             {
@@ -411,6 +493,7 @@ def main() -> int:
                 "only": args.only,
                 "sizes": size,
                 "server": pg_server_settings(url),
+                "maintenance": maintenance,
                 "figures": figures,
             }
         )

@@ -209,6 +209,15 @@ def check_workflow_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                     id="pikku_django.E014",
                 )
             )
+    for name in ("WORKER_POLL_INTERVAL", "WORKER_NOTIFIED_POLL_INTERVAL"):
+        seconds = getattr(pikku_settings, name)
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+            messages.append(
+                checks.Error(
+                    f"PIKKU['{name}'] must be a number of seconds above 0, not {seconds!r}.",
+                    id="pikku_django.E019",
+                )
+            )
     limit = pikku_settings.ASYNC_CONCURRENCY
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         messages.append(

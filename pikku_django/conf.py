@@ -60,6 +60,9 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_PROCESSES": 1,
     "WORKER_POLL_INTERVAL": 1.0,
     "WORKER_NOTIFY": True,
+    # PostgreSQL: seconds between an idle worker's own looks for work while its
+    # LISTEN works (new work is announced; timers and lapsing leases are looked up).
+    "WORKER_NOTIFIED_POLL_INTERVAL": 10.0,
     # Seconds between pikku_worker's progress lines (claimed, finished, failed,
     # retried, recovered).
     "WORKER_PROGRESS_INTERVAL": 60.0,

@@ -17,14 +17,14 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from pikku_django.workflows._deadlines import overdue_runs, timed_out_suspensions
+from pikku_django.workflows._deadlines import next_deadline, overdue_runs, timed_out_suspensions
 from pikku_django.workflows.store.postgresql import PostgresStore, _statements
 from tests.conftest import database_alias, db_mark
 
 pytestmark = pytest.mark.once
 
 RUNS, STEPS = 100_000, 1_000_000
-SLEEPING, FAILED = 10_000, 5_000
+SLEEPING, FAILED = 40_000, 5_000
 #: PostgreSQL JIT-compiles plans above this cost by default (jit_above_cost).
 JIT_ABOVE_COST = 100_000
 TABLES = ("pikku_workflow_run", "pikku_workflow_step", "pikku_step_attempt")
@@ -134,6 +134,7 @@ def _orm_statements(alias: str, store: PostgresStore, now: Any) -> list[tuple[st
         "work_pending": lambda: store.work_pending(now, []),
         "overdue_runs": lambda: overdue_runs(store, now, 100),
         "timed_out_suspensions": lambda: timed_out_suspensions(store, now, 100),
+        "next_deadline": lambda: next_deadline(store),
     }
     for name, call in calls.items():
         with CaptureQueriesContext(connections[alias]) as captured, store.atomic():
@@ -178,6 +179,7 @@ def test_the_workers_scheduled_queries_use_indexes_on_a_million_steps(
     assert ("ready_steps_exist", "generic") in seen
     assert any(name.startswith("stalled_runs") for name, _ in seen)
     assert any(name.startswith("overdue_runs") for name, _ in seen)
+    assert any(name.startswith("next_deadline") for name, _ in seen)
     assert problems == [], "\n".join(problems)
 
 

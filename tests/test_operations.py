@@ -42,6 +42,10 @@ def ids(messages: list[checks.CheckMessage]) -> list[str]:
         ({"ASYNC_CONCURRENCY": 0}, ["pikku_django.E018"]),
         ({"ASYNC_CONCURRENCY": "many"}, ["pikku_django.E018"]),
         ({"ASYNC_CONCURRENCY": 500}, []),
+        ({"WORKER_NOTIFIED_POLL_INTERVAL": 0}, ["pikku_django.E019"]),
+        ({"WORKER_NOTIFIED_POLL_INTERVAL": "10s"}, ["pikku_django.E019"]),
+        ({"WORKER_POLL_INTERVAL": -1}, ["pikku_django.E019"]),
+        ({"WORKER_NOTIFIED_POLL_INTERVAL": 30}, []),
     ],
 )
 def test_workflow_settings_check(settings: Any, pikku: dict, expected: list[str]) -> None:

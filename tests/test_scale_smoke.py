@@ -20,6 +20,12 @@ FIGURES = {
     "steps_per_s_with_completed",
     "steps_per_s_with_sleeping",
     "steps_per_s_with_failed",
+    "blocks_per_step_with_completed",
+    "blocks_per_step_with_sleeping",
+    "blocks_per_step_with_failed",
+    "transactions_per_step_with_completed",
+    "transactions_per_step_with_sleeping",
+    "transactions_per_step_with_failed",
     "per_step_100_steps",
     "per_step_200_steps",
     "latency_p50_empty",
@@ -73,8 +79,12 @@ def test_scale_quick_prints_every_figure_with_its_baseline() -> None:
         "long2",
         "latency",
         "inline",
+        "repeats",
     }
     assert "server_version" in report["server"]
+    # The same VACUUM ANALYZE before every steps/s phase, the empty tables' too.
+    assert set(report["maintenance"]) == {"empty", "completed", "sleeping", "failed", "cma0"}
+    assert {m["command"] for m in report["maintenance"].values()} == {"VACUUM (ANALYZE)"}
     assert set(report["figures"]) == FIGURES
     for name, fig in report["figures"].items():
         assert set(fig) == {"value", "baseline", "ratio", "unit", "target"}, name

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from pikku_django.workflows._deadlines import next_deadline
 from pikku_django.workflows.engine import WorkflowEngine
 from pikku_django.workflows.intake import RunStarter, register_intake
 
@@ -13,10 +16,25 @@ class DeadlineIntake:
     name = "pikku.deadlines"
     notify_payload: str | None = None
 
+    def __init__(self) -> None:
+        self._next_due: datetime | None = None
+
     def start_waiting(self, engine: RunStarter, limit: int) -> int:
         if not isinstance(engine, WorkflowEngine):
             return 0
-        return engine.deadlines.enforce(limit)
+        enforced = engine.deadlines.enforce(limit)
+        self._next_due = next_deadline(engine.store)
+        return enforced
+
+    def seconds_until_due(self, engine: RunStarter) -> float | None:
+        """Seconds until the next deadline or suspension timeout the last look found
+        (None: none, or past already), so that a worker that looks for work rarely
+        (notified on PostgreSQL) still enforces it on time."""
+        due = self._next_due
+        if due is None or not isinstance(engine, WorkflowEngine):
+            return None
+        seconds = (due - engine.clock.now()).total_seconds()
+        return seconds if seconds > 0 else None
 
     def has_waiting(self, engine: RunStarter) -> bool:
         return isinstance(engine, WorkflowEngine) and engine.deadlines.has_due()

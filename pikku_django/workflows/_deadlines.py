@@ -61,6 +61,26 @@ def timed_out_suspensions(store: WorkflowStore, now: datetime, limit: int) -> li
     )
 
 
+def next_deadline(store: WorkflowStore) -> datetime | None:
+    """The earliest deadline of an open run or timeout of a suspension, past or to
+    come (each the first in its index's order), or None."""
+    deadline = (
+        store.runs()
+        .filter(status__in=OPEN_RUN, deadline_at__isnull=False)
+        .order_by("deadline_at")
+        .values_list("deadline_at", flat=True)
+        .first()
+    )
+    timeout = (
+        store.steps()
+        .filter(kind=StepKind.SUSPEND, status=StepStatus.SUSPENDED, available_at__isnull=False)
+        .order_by("available_at")
+        .values_list("available_at", flat=True)
+        .first()
+    )
+    return min((t for t in (deadline, timeout) if t is not None), default=None)
+
+
 def _waiting_steps() -> Q:
     """A step that may still run or settle: its run's end must stop it."""
     return (

@@ -9,6 +9,8 @@ in threads one by one instead of every idle thread querying the database at once
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 #: How long an idle thread that is not the poller waits at most before it looks
 #: anyway (the poller looks on every poll interval, so this is only a safety net).
@@ -59,3 +61,46 @@ class IdleThreads:
         """Wake every waiting thread (to stop)."""
         with self._cond:
             self._cond.notify_all()
+
+
+class PollCadence:
+    """How often an idle worker looks for work without being told.
+
+    Every ``poll_interval`` seconds; on PostgreSQL, while the worker's LISTEN works
+    and no queue has limits (a limited queue's freed slot is not announced), every
+    ``notified_interval`` instead: new work is announced, and the worker's next-due
+    look wakes it for timers and lapsing leases. Intakes that are only polled are
+    looked at every poll interval while the worker is busy or notified (and for two
+    poll intervals after), so that what a run's work leaves them (a deadline to
+    watch) is seen as soon as before.
+    """
+
+    def __init__(
+        self,
+        poll_interval: float,
+        notified_interval: float,
+        *,
+        listening: Callable[[], bool] = lambda: False,
+        limited: bool = False,
+    ) -> None:
+        self.poll_interval = poll_interval
+        self.notified_interval = max(poll_interval, notified_interval)
+        self._listening = listening
+        self.limited = limited
+        self._active_at = float("-inf")
+
+    def busy(self) -> None:
+        """The worker did work, or was told of some."""
+        self._active_at = time.monotonic()
+
+    def interval(self) -> float:
+        """The longest an idle worker waits before it looks for work itself."""
+        if self.limited or not self._listening():
+            return self.poll_interval
+        return self.notified_interval
+
+    def intake_interval(self) -> float:
+        """The longest between looks at the intakes (those not notified, or any)."""
+        if time.monotonic() - self._active_at < 2 * self.poll_interval:
+            return self.poll_interval
+        return self.interval()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import threading
 import time
 import uuid
@@ -13,9 +11,8 @@ from django.core.exceptions import ValidationError
 from django.db import connections
 
 from pikku_django.models import TERMINAL_RUN_STATUSES, WorkflowRun
+from pikku_django.workflows._listen import ChannelListener
 from pikku_django.workflows.errors import RunWaitTimeoutError, WorkflowRunNotFoundError
-
-logger = logging.getLogger(__name__)
 
 #: The channel a run's end is announced on (PostgreSQL), with the run id as payload.
 RUN_DONE_CHANNEL = "pikku_run_done"
@@ -43,7 +40,13 @@ class RunEndListener:
         self._lock = threading.Lock()
         self._waits: defaultdict[str, set[threading.Event]] = defaultdict(set)
         self._thread: threading.Thread | None = None
-        self._listening = threading.Event()
+        self.channel = self._channel()
+
+    def _channel(self) -> ChannelListener:
+        # Anything announced while not listening: every wait looks again.
+        return ChannelListener(
+            self.using, RUN_DONE_CHANNEL, self._wake, on_listen=lambda: self._wake(None)
+        )
 
     def register(self, run_id: str) -> threading.Event:
         """An event set when ``run_id`` is announced; listens first (a few seconds at most)."""
@@ -51,13 +54,21 @@ class RunEndListener:
         with self._lock:
             self._waits[run_id].add(woken)
             if self._thread is None or not self._thread.is_alive():
-                self._listening.clear()
+                self.channel = self._channel()  # its own state: an ending one may linger
                 self._thread = threading.Thread(
-                    target=self._listen, name="pikku-run-waits", daemon=True
+                    target=self.channel.run,
+                    args=(threading.Event(), self._waited_on),
+                    name="pikku-run-waits",
+                    daemon=True,
                 )
                 self._thread.start()
-        self._listening.wait(2.0)
+            channel = self.channel
+        channel.listening.wait(2.0)
         return woken
+
+    def interval(self, polled: float, notified: float) -> float:
+        """How long a wait goes without reading the run itself (the listener's rule)."""
+        return self.channel.interval(polled, notified)
 
     def unregister(self, run_id: str, woken: threading.Event) -> None:
         with self._lock:
@@ -66,6 +77,15 @@ class RunEndListener:
                 waits.discard(woken)
                 if not waits:
                     del self._waits[run_id]
+
+    def _waited_on(self) -> bool:
+        """Whether a wait is registered; if not, the listener ends (a later wait
+        listens again)."""
+        with self._lock:
+            if self._waits:
+                return True
+            self._thread = None
+            return False
 
     def _wake(self, run_id: str | None) -> None:
         with self._lock:
@@ -76,32 +96,6 @@ class RunEndListener:
             )
         for woken in targets:
             woken.set()
-
-    def _listen(self) -> None:
-        template = connections[self.using]
-        while True:
-            conn = type(template)(template.settings_dict, self.using)
-            try:
-                conn.ensure_connection()
-                raw = conn.connection
-                raw.autocommit = True
-                raw.execute(f"LISTEN {RUN_DONE_CHANNEL}")
-                self._listening.set()
-                self._wake(None)  # anything announced while not listening: look again
-                while True:
-                    for notice in raw.notifies(timeout=1.0, stop_after=1):
-                        self._wake(notice.payload)
-                    with self._lock:
-                        if not self._waits:
-                            self._thread = None  # a later wait listens again
-                            return
-            except Exception:
-                self._listening.clear()
-                logger.warning("LISTEN %s failed; retrying", RUN_DONE_CHANNEL, exc_info=True)
-                time.sleep(1.0)
-            finally:
-                with contextlib.suppress(Exception):  # the connection is gone either way
-                    conn.close()
 
 
 _listeners: dict[str, RunEndListener] = {}
@@ -142,7 +136,6 @@ def wait_for_run(
     if timeout < 0:
         raise ValueError(f"timeout must be 0 or more seconds, not {timeout!r}")
     notified = notifying and connections[using].vendor == "postgresql"
-    interval = poll_interval or (NOTIFIED_POLL_INTERVAL if notified else POLL_INTERVAL)
     deadline = time.monotonic() + timeout
     key = str(run_id)
     listener = _listener(using) if notified else None
@@ -155,6 +148,12 @@ def wait_for_run(
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RunWaitTimeoutError(run.id, run.status, timeout)
+            if poll_interval:
+                interval = poll_interval
+            elif listener is not None:
+                interval = listener.interval(POLL_INTERVAL, NOTIFIED_POLL_INTERVAL)
+            else:
+                interval = POLL_INTERVAL
             woken.wait(min(interval, left))
             woken.clear()
     finally:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import threading
 import uuid
 from collections.abc import Callable
@@ -13,9 +11,8 @@ from typing import Any
 from django.db import connections
 
 from pikku_django.models import TERMINAL_RUN_STATUSES, RunStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._listen import ChannelListener
 from pikku_django.workflows.store import CHANNEL
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,6 +105,7 @@ class WorkNotifications:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._subscribers: set[Callable[[], None]] = set()
+        self.channel = ChannelListener(using, CHANNEL, self._notified)
 
     def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` (on the listening thread) on each notification, until the
@@ -134,35 +132,20 @@ class WorkNotifications:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
-                    target=self._listen, name="pikku-stream-listen", daemon=True
+                    target=self.channel.run,
+                    args=(threading.Event(),),
+                    name="pikku-stream-listen",
+                    daemon=True,
                 )
                 self._thread.start()
 
-    def _listen(self) -> None:
-        import time
-
-        template = connections[self.using]
-        while True:
-            conn = type(template)(template.settings_dict, self.using)
-            try:
-                conn.ensure_connection()
-                raw = conn.connection
-                raw.autocommit = True
-                raw.execute(f"LISTEN {CHANNEL}")
-                while True:
-                    for _ in raw.notifies(timeout=5.0, stop_after=1):
-                        with self._changed:
-                            self._changed.notify_all()
-                        with self._lock:
-                            subscribers = list(self._subscribers)
-                        for callback in subscribers:
-                            callback()
-            except Exception:
-                logger.warning("LISTEN for the status stream failed; retrying", exc_info=True)
-                time.sleep(1.0)
-            finally:
-                with contextlib.suppress(Exception):  # the connection is gone either way
-                    conn.close()
+    def _notified(self, payload: str) -> None:
+        with self._changed:
+            self._changed.notify_all()
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            callback()
 
 
 _notifications: dict[str, WorkNotifications] = {}

@@ -20,14 +20,15 @@ from pikku_django.workflows._aio import AsyncSteps, is_async_step
 from pikku_django.workflows._connections import release_connections
 from pikku_django.workflows._execution import ends_run
 from pikku_django.workflows._heartbeat import WorkerHeartbeats
-from pikku_django.workflows._idle import IdleThreads
-from pikku_django.workflows._listen import listen_for_work
+from pikku_django.workflows._idle import IdleThreads, PollCadence
+from pikku_django.workflows._intake_looks import IntakeLooks
+from pikku_django.workflows._listen import ChannelListener, work_listener
 from pikku_django.workflows._look_order import LookOrder
 from pikku_django.workflows._run_hold import give_back, take_run_lease, wake_owed
 from pikku_django.workflows._sweeps import pending_summary, wake_stalled_runs
 from pikku_django.workflows._values import DueRun, StepOutcome, Wake
 from pikku_django.workflows.engine import CarriedRun, ClaimedStep, StepClaimer, WorkflowEngine
-from pikku_django.workflows.intake import intakes, seconds_until_due
+from pikku_django.workflows.intake import intakes
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.step_lease import keep_step_lease
 
@@ -38,9 +39,6 @@ __all__ = ["Worker", "wake_stalled_runs"]
 #: How long a thread carries one run on, step after step, before it hands the run
 #: back to the queue (one long run must not keep a thread from the others).
 CHAIN_SECONDS = 0.25
-
-#: How many waiting items of each intake one look starts runs for.
-INTAKE_BATCH = 100
 
 
 class Worker:
@@ -62,6 +60,7 @@ class Worker:
         idle_grace: float = 10.0,
         shutdown_timeout: float = 30.0,
         notify: bool = True,
+        notified_poll_interval: float | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
@@ -96,12 +95,23 @@ class Worker:
             ("claimed", "finished", "failed", "retried", "recovered", "superseded"), 0
         )
         self.progress_interval = float(pikku_settings.WORKER_PROGRESS_INTERVAL)
+        self._listener: ChannelListener | None = None
+        config = engine.config
+        if notified_poll_interval is None:
+            notified_poll_interval = float(pikku_settings.WORKER_NOTIFIED_POLL_INTERVAL)
+        self.cadence = PollCadence(
+            poll_interval,
+            notified_poll_interval,
+            listening=lambda: self._listener is not None and self._listener.listening.is_set(),
+            limited=any(config.is_limited(name) for name in config.queues),
+        )
         # Intakes' items wait for their runs: looked for at start, when notified, and
-        # once a poll interval.
-        self._intake_waiting = threading.Event()
-        self._intake_waiting.set()
-        self._intake_lock = threading.Lock()
-        self._next_intake_look = 0.0
+        # once an intake interval.
+        self.intakes = IntakeLooks(engine, self.cadence)
+        if notify and engine.store.vendor == "postgresql":
+            self._listener = work_listener(
+                engine.using, self.intakes.waiting, self._notified, poll_interval
+            )
         #: The event loop of ``async def`` steps, started when the first one is claimed.
         self.async_steps = AsyncSteps(
             engine,
@@ -120,9 +130,12 @@ class Worker:
                 for i in range(self.concurrency)
             ]
             listener = None
-            if self.notify and self.engine.store.vendor == "postgresql":
+            if self._listener is not None:
                 listener = threading.Thread(
-                    target=self._listen, name="pikku-worker-listen", daemon=True
+                    target=self._listener.run,
+                    args=(self.stopping,),
+                    name="pikku-worker-listen",
+                    daemon=True,
                 )
                 listener.start()
             logger.info("%s", self.describe(notified=listener is not None))
@@ -155,10 +168,17 @@ class Worker:
         return (
             f"pikku_worker {__version__} {self.name} started: database {self.engine.using!r} "
             f"({store.vendor}, {'notified, ' if notified else ''}polling every "
-            f"{self.poll_interval:g}s), queues {', '.join(self.queues) or 'all'}, "
+            f"{self.poll_interval:g}s{self._notified_polling(notified)}), "
+            f"queues {', '.join(self.queues) or 'all'}, "
             f"concurrency {self.concurrency}, leases {type(self.engine.leases).__name__} "
             f"(run {config.run_lease_ms} ms, step {config.step_lease_ms} ms)"
         )
+
+    def _notified_polling(self, notified: bool) -> str:
+        cadence = self.cadence
+        if not notified or cadence.limited or cadence.notified_interval == self.poll_interval:
+            return ""
+        return f", every {cadence.notified_interval:g}s while listening"
 
     def stop(self) -> None:
         """Stop claiming; threads finish what they hold, then return."""
@@ -275,12 +295,13 @@ class Worker:
                     release_connections()
                 if done:
                     # There may be more: another thread looks too (and draws in the next).
+                    self.cadence.busy()
                     self._waits.wake_one()
                     continue
                 if self.until_idle and self._all_idle(index):
                     self.stop()
                     return
-                wait = self.poll_interval
+                wait = self.cadence.interval()
                 if self._waits.polls(index):
                     try:
                         wait = min(wait, self._seconds_until_next_due())
@@ -291,27 +312,8 @@ class Worker:
             connections.close_all()
 
     def _start_waiting_runs(self) -> int:
-        """Start the intakes' waiting runs, in one thread at a time: at once when told
-        they wait (PostgreSQL), else at most once a poll interval."""
-        if not self._intake_waiting.is_set() and time.monotonic() < self._next_intake_look:
-            return 0
-        if not self._intake_lock.acquire(blocking=False):
-            return 0
-        try:
-            self._intake_waiting.clear()
-            self._next_intake_look = time.monotonic() + self.poll_interval
-            started = 0
-            for intake in intakes():
-                linked = intake.start_waiting(self.engine, INTAKE_BATCH)
-                if linked >= INTAKE_BATCH:  # there may be more
-                    self._intake_waiting.set()
-                started += linked
-                due = seconds_until_due(intake, self.engine)  # e.g. a cron schedule's tick
-                if due is not None:
-                    self._next_intake_look = min(self._next_intake_look, time.monotonic() + due)
-            return started
-        finally:
-            self._intake_lock.release()
+        """Start the intakes' waiting runs, if a look at them is due."""
+        return self.intakes.start_waiting()
 
     def _one_unit(self) -> int:
         claimer = StepClaimer(f"{self.name}:{threading.get_ident()}", tuple(self.queues))
@@ -451,7 +453,7 @@ class Worker:
         # Only what falls due later counts: anything already due that this thread
         # could not claim (taken by another worker, or its run was cancelled) must
         # not make it spin.
-        waits = [self.poll_interval, self._next_intake_look - time.monotonic()]
+        waits = [self.cadence.interval(), self.intakes.next_look() - time.monotonic()]
         if due.lapse_in_ms is not None:
             waits.append(due.lapse_in_ms / 1000)
         for at in (due.step_due, due.run_due):
@@ -472,7 +474,7 @@ class Worker:
         engine = self.engine
         until = engine.clock.now() + timedelta(seconds=self.idle_grace)
         if any(intake.has_waiting(engine) for intake in intakes()):
-            self._intake_waiting.set()
+            self.intakes.waiting.set()
             return True
         return engine.store.work_pending(until, self.queues)
 
@@ -480,14 +482,10 @@ class Worker:
         """What is left for later: runs waiting on timers and the next due time."""
         return pending_summary(self.engine)
 
-    def _listen(self) -> None:
-        listen_for_work(
-            self.engine,
-            self.stopping,
-            self._intake_waiting,
-            self._waits.wake_one,
-            self.poll_interval,
-        )
+    def _notified(self) -> None:
+        """Work was announced (or the listener reconnected): one idle thread looks."""
+        self.cadence.busy()
+        self._waits.wake_one()
 
 
 #: The progress counter each outcome of a claimed step adds to.

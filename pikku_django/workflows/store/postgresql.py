@@ -104,11 +104,13 @@ def _statements() -> dict[str, str]:
     attempt_tail = columns(att, ("worker", "started_at", "finished_at"), _q)
     return {
         "claim_due_runs": (
-            f"UPDATE {RUNS} SET {r('wake_at')} = %s WHERE {r('id')} IN ("
+            # = ANY(ARRAY(...)): the runs claimed are found by primary key whatever the
+            # plan; with IN (...) a generic plan hash-joins the whole runs table.
+            f"UPDATE {RUNS} SET {r('wake_at')} = %s WHERE {r('id')} = ANY(ARRAY("
             f"SELECT {r('id')} FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
             f"AND NOT {r('inline')} AND NOT {r('key_waiting')} "
             f"AND {r('wake_at')} <= %s ORDER BY {r('priority')} DESC, {r('wake_at')} LIMIT %s "
-            f"FOR UPDATE SKIP LOCKED) RETURNING {_all_columns(run)}, "
+            f"FOR UPDATE SKIP LOCKED)) RETURNING {_all_columns(run)}, "
             f"NOT EXISTS (SELECT 1 FROM {STEPS} WHERE {s('run_id')} = {RUNS}.{r('id')})"
         ),
         # One statement per shape, so that a generic plan fits each.
