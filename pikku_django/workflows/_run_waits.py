@@ -13,9 +13,7 @@ from django.db import connections
 from pikku_django.models import TERMINAL_RUN_STATUSES, WorkflowRun
 from pikku_django.workflows._listen import ChannelListener
 from pikku_django.workflows.errors import RunWaitTimeoutError, WorkflowRunNotFoundError
-
-#: The channel a run's end is announced on (PostgreSQL), with the run id as payload.
-RUN_DONE_CHANNEL = "pikku_run_done"
+from pikku_django.workflows.store.base import RUN_DONE_CHANNEL
 
 #: Seconds between looks when nothing wakes the wait (PostgreSQL: a safety net).
 POLL_INTERVAL = 0.2

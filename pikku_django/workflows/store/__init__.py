@@ -8,7 +8,13 @@ from django.db import connections
 
 from pikku_django.workflows._values import NewStep, NextDue, Settled
 from pikku_django.workflows.config import EngineConfig, engine_config
-from pikku_django.workflows.store.base import CHANNEL, NewRun, WorkflowStore, columns
+from pikku_django.workflows.store.base import (
+    CHANNEL,
+    RUN_DONE_CHANNEL,
+    NewRun,
+    WorkflowStore,
+    columns,
+)
 from pikku_django.workflows.store.orm import OrmStore
 from pikku_django.workflows.store.vendors import MysqlStore, SqliteStore
 
@@ -30,6 +36,7 @@ def store_for(using: str, config: Callable[[], EngineConfig] = engine_config) ->
 
 __all__ = [
     "CHANNEL",
+    "RUN_DONE_CHANNEL",
     "MysqlStore",
     "NewRun",
     "NewStep",

@@ -26,6 +26,9 @@ from pikku_django.workflows.config import EngineConfig, engine_config
 #: The PostgreSQL channel that new work is announced on.
 CHANNEL = "pikku_work"
 
+#: The PostgreSQL channel that a run's end is announced on, with the run's id.
+RUN_DONE_CHANNEL = "pikku_run_done"
+
 
 def columns(model: type[models.Model], names: Sequence[str], quote: Callable[[str], str]) -> str:
     """The quoted columns of ``model``'s fields ``names`` (field or attribute names)."""

@@ -27,7 +27,6 @@ from pikku_django.models import (
 )
 from pikku_django.prepared import fetch, fetch_one
 from pikku_django.workflows._child_outcome import child_step_outcome
-from pikku_django.workflows._run_waits import RUN_DONE_CHANNEL
 from pikku_django.workflows._values import DueRun, NewStep, Settled, Wake
 from pikku_django.workflows.store._pg_finish import finish_run_sql
 from pikku_django.workflows.store._pg_sql import (
@@ -45,7 +44,7 @@ from pikku_django.workflows.store._pg_sql import (
     _q,
     _ready_exists,
 )
-from pikku_django.workflows.store.base import CHANNEL, NewRun, columns
+from pikku_django.workflows.store.base import CHANNEL, RUN_DONE_CHANNEL, NewRun, columns
 from pikku_django.workflows.store.orm import OrmStore, queue_lock_name
 
 #: The first key of the advisory locks that limited queues' claims take.
