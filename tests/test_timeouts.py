@@ -18,7 +18,14 @@ from django.db import connections
 from django.urls import reverse
 
 from pikku_django.leases import InMemoryLeaseService
-from pikku_django.models import RunStatus, StepAttempt, StepKind, StepStatus, WorkflowRun
+from pikku_django.models import (
+    AttemptStatus,
+    RunStatus,
+    StepAttempt,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+)
 from pikku_django.workflows import (
     FakeClock,
     StepFailedError,
@@ -397,10 +404,13 @@ def test_a_worker_retries_a_timed_out_step_and_enforces_a_deadline(
         thread.join(60)
     assert engine.get_run(suspended.id).error["code"] == "RUN_TIMEOUT"
     assert engine.get_run(retried.id).output == {"failed": "STEP_TIMEOUT"}
-    assert [a.error["code"] for a in _attempts(engine, retried, "slow")] == [
-        "STEP_TIMEOUT",
-        "STEP_TIMEOUT",
-    ]
+    # Attempt 1's lease ends at its timeout: a worker may reclaim the step (superseding
+    # the attempt) before the timeout is recorded on it, as happens under load.
+    first, last = _attempts(engine, retried, "slow")
+    assert (first.error or {}).get("code") == "STEP_TIMEOUT" or (
+        first.status == AttemptStatus.SUPERSEDED
+    )
+    assert last.error["code"] == "STEP_TIMEOUT"
 
 
 @pytest.mark.django_db
