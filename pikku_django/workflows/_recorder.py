@@ -101,6 +101,14 @@ class StepRecorder:
             and not self.config.is_limited(options.queue)
         )
 
+    def _cached_options(self, fn: str | Callable[..., Any]) -> StepOptions | None:
+        """``fn``'s options resolved earlier without overrides, or None (not yet, or
+        ``fn`` cannot be a key)."""
+        try:
+            return self._options.get(fn)
+        except TypeError:
+            return None
+
     def remember(self, step: WorkflowStep) -> None:
         self.steps.add(step)
 
@@ -129,12 +137,10 @@ class StepRecorder:
             and transactional is None
             and timeout is None
         )
-        if plain:
-            try:
-                self._resolved = self._options[fn]
-                return self._resolved
-            except (KeyError, TypeError):  # not resolved yet, or not a key
-                pass
+        cached = self._cached_options(fn) if plain else None
+        if cached is not None:
+            self._resolved = cached
+            return cached
         options = resolve_step_options(
             self.config,
             fn,
