@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import cast
 
@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from pikku_django.dbclock import EpochMs
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
-from pikku_django.workflows._rates import maybe_prune, stamp_slots, take_slots
+from pikku_django.workflows._rates import grow_slots, maybe_prune, stamp_slots, take_slots
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._timeouts import capped_lease_ms, time_out_lapsed
 from pikku_django.workflows._values import ClaimedStep, DueRun, default_worker_id
@@ -170,28 +170,34 @@ class Claims:
     ) -> list[ClaimedStep]:
         """Claim queued steps that are ready: scheduled, due for retry, or whose claim
         lapsed. ``busy`` (the caller's last look found steps): try the one-statement
-        claim of steps not attempted yet before the look for ready work."""
+        claims of steps not attempted yet before the look for ready work."""
         now = self.clock.now()
         served = list(queues or ())
+        worker = worker or default_worker_id()
         config = self.config
         limited = [
             q.name
             for q in config.queues.values()
             if config.is_limited(q.name) and (not served or q.name in served)
         ]
-        # Limited queues' steps are claimed in the claim order with them, where their
-        # limits are counted: no claim of fresh steps then.
-        fresh_first = busy and not limited
-        if fresh_first:
-            fresh = self._claim_fresh(now, served, limit, worker or default_worker_id())
+        if busy:
+            fresh = self._claim_fresh(now, served, limited, limit, worker)
             if fresh:
                 return fresh
         if not self.store.ready_steps_exist(now, served):
             return []
-        if not limited and not fresh_first:
-            fresh = self._claim_fresh(now, served, limit, worker or default_worker_id())
+        if not busy:
+            fresh = self._claim_fresh(now, served, limited, limit, worker)
             if fresh:
                 return fresh
+        return self._claim_ready(now, served, limited, limit, worker)
+
+    def _claim_ready(
+        self, now: datetime, served: list[str], limited: list[str], limit: int, worker: str
+    ) -> list[ClaimedStep]:
+        """Ready steps claimed in the claim order, each by the claim decision, the
+        limited queues' counted as they are claimed."""
+        config = self.config
         locked = [q for q in limited if config.concurrency_of(q) is not None]
         claimed: list[ClaimedStep] = []
         with self.store.claims_serialised(), self.store.limited_claim(locked):
@@ -211,9 +217,7 @@ class Claims:
             for step in self.store.lock_ready_steps(now, served, limit, full):
                 if free.get(step.queue, 1) <= 0:
                     continue
-                got = self.decide(
-                    step, config.lease_ms_for_queue(step.queue), worker or default_worker_id()
-                )
+                got = self.decide(step, config.lease_ms_for_queue(step.queue), worker)
                 if got is not None:
                     claimed.append(got)
                     if step.queue in free:
@@ -224,10 +228,38 @@ class Claims:
         return claimed
 
     def _claim_fresh(
-        self, now: datetime, served: list[str], limit: int, worker: str
+        self, now: datetime, served: list[str], limited: list[str], limit: int, worker: str
     ) -> list[ClaimedStep]:
-        """Steps not attempted yet claimed in one statement, where the store has one
-        (their claim decision is that they are due), while no queue served has limits."""
+        """Steps not attempted yet, claimed in one statement per group where the store
+        has one: the queues without limits together, each limited queue alone (its
+        limits counted in its statement). With several groups, the group of the
+        first step in the claim order goes first."""
+        if not limited:
+            return self._claim_unlimited(now, served, (), limit, worker)
+        groups: list[str | None] = list(limited)
+        if not served or any(q not in limited for q in served):
+            groups.insert(0, None)  # the queues without limits
+        if len(groups) > 1:
+            head = self.store.first_fresh_queue(now, served)
+            if head is None:
+                return []  # nothing fresh (or the store cannot tell: nor claim)
+            first = head if head in limited else None
+            groups.remove(first)
+            groups.insert(0, first)
+        claimed: list[ClaimedStep] = []
+        for group in groups:
+            wanted = limit - len(claimed)
+            if wanted <= 0:
+                break
+            if group is None:
+                claimed += self._claim_unlimited(now, served, limited, wanted, worker)
+            else:
+                claimed += self._claim_limited(now, group, wanted, worker)
+        return claimed
+
+    def _claim_unlimited(
+        self, now: datetime, served: list[str], limited: Sequence[str], limit: int, worker: str
+    ) -> list[ClaimedStep]:
         config = self.config
         names = set(config.queues) | set(config.queue_lease_ms)
         claimed_at = time.monotonic()  # before the claim: the worker's deadline is never late
@@ -238,10 +270,42 @@ class Claims:
             worker=worker,
             leases={name: config.lease_ms_for_queue(name) for name in names},
             default_lease_ms=config.step_lease_ms,
+            exclude=limited,
         )
         return [
             _claimed(step, step.attempt, lease, claimed_at, reclaimed=False) for step, lease in rows
         ]
+
+    def _claim_limited(
+        self, now: datetime, queue: str, limit: int, worker: str
+    ) -> list[ClaimedStep]:
+        """The limited ``queue``'s fresh steps; where its rate's slots ran short, the
+        slots it has not made yet are made and the claim tried once more."""
+        config = self.config
+        rate = config.rate_of(queue)
+        if rate is not None:
+            maybe_prune(self.store, queue, rate)
+        claimed: list[ClaimedStep] = []
+        for _ in range(2):
+            claimed_at = time.monotonic()
+            got = self.store.claim_fresh_limited(
+                now,
+                queue,
+                limit - len(claimed),
+                worker=worker,
+                lease_ms=config.lease_ms_for_queue(queue),
+                concurrency=config.concurrency_of(queue),
+                rate=rate,
+            )
+            if got is None:
+                break
+            claimed += [
+                _claimed(step, step.attempt, lease, claimed_at, reclaimed=False)
+                for step, lease in got.steps
+            ]
+            if not (rate is not None and got.slots_short and grow_slots(self.store, queue, rate)):
+                break
+        return claimed
 
     def _concurrency_room(self, queue: str) -> int:
         """How many more of ``queue``'s steps its concurrency limit lets be claimed now

@@ -50,7 +50,7 @@ def take_slots(store: WorkflowStore, queue: str, rate: Rate, wanted: int) -> lis
     if wanted <= 0:
         return []
     taken = _free_slots(store, queue, rate, wanted)
-    if len(taken) < wanted and _grow(store, queue, rate):
+    if len(taken) < wanted and grow_slots(store, queue, rate):
         taken += _free_slots(store, queue, rate, wanted - len(taken), taken)
     return taken
 
@@ -77,7 +77,7 @@ def _free_slots(
     return taken
 
 
-def _grow(store: WorkflowStore, queue: str, rate: Rate) -> bool:
+def grow_slots(store: WorkflowStore, queue: str, rate: Rate) -> bool:
     """Make ``queue``'s next slots, free (doubling its count, at most up to the rate's
     count); False if it has them all. Numbers another claim made meanwhile are left
     to it (the slot numbers are unique)."""

@@ -11,6 +11,7 @@ from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.store.base import (
     CHANNEL,
     RUN_DONE_CHANNEL,
+    LimitedClaim,
     NewRun,
     WorkflowStore,
     columns,
@@ -37,6 +38,7 @@ def store_for(using: str, config: Callable[[], EngineConfig] = engine_config) ->
 __all__ = [
     "CHANNEL",
     "RUN_DONE_CHANNEL",
+    "LimitedClaim",
     "MysqlStore",
     "NewRun",
     "NewStep",

@@ -3,6 +3,7 @@ steps not attempted yet, and new rows' INSERTs."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +13,7 @@ from django.db.models import JSONField
 
 from pikku_django.dbclock import POSTGRESQL_NOW_MS
 from pikku_django.models import (
+    QueueClaim,
     RunStatus,
     StepAttempt,
     StepKind,
@@ -95,14 +97,43 @@ def _from_db(using: str, model: type[Any], row: Sequence[Any]) -> Any:
 NO_CAP = 2**63 - 1
 
 
-def _claim_fresh(*, fresh_on: bool) -> str:
-    step, run, att = WorkflowStep, WorkflowRun, StepAttempt
+def _fresh_from(fresh_on: bool) -> str:
+    """FROM and WHERE of the ready steps not attempted yet, of running worker runs:
+    parameters now, the queues served (``fresh_on``) and the queues left out."""
+
+    def s(name: str) -> str:
+        return _c(WorkflowStep, name)
+
+    run = WorkflowRun
+    served = f" AND {s('queue')} = ANY(%s)" if fresh_on else ""
+    return (
+        f"FROM {STEPS} WHERE {s('kind')} = '{StepKind.QUEUED}' AND "
+        f"{_ready_branches()[0][0]}{served} AND NOT {s('queue')} = ANY(%s) "
+        f"AND {s('run_id')} IN (SELECT {_c(run, 'id')} FROM {RUNS} "
+        f"WHERE {_c(run, 'status')} = '{RunStatus.RUNNING}' AND NOT {_c(run, 'inline')})"
+    )
+
+
+def _first_fresh_queue(*, fresh_on: bool) -> str:
+    """The queue of the first step :func:`_claim_fresh` would claim (no lock taken)."""
+    s = functools.partial(_c, WorkflowStep)
+    return (
+        f"SELECT {s('queue')} {_fresh_from(fresh_on)} "
+        f"ORDER BY {s('priority')} DESC, {s('id')} LIMIT 1"
+    )
+
+
+def _claim_fresh(*, fresh_on: bool, concurrency: bool = False, rated: bool = False) -> str:
+    """The claim of fresh steps in one statement. ``concurrency`` and ``rated`` (for
+    one limited queue, the ``fresh_on`` form with that queue alone) bound it by the
+    queue's room and by the rate slots the statement locks, and stamp the slots used;
+    each row of a limited form ends with the slots locked and the steps wanted (see
+    :func:`_limit_ctes`), and it returns one row of NULL columns when it claims none."""
+    step, att = WorkflowStep, StepAttempt
 
     def s(name: str) -> str:
         return _c(step, name)
 
-    fresh = _ready_branches()[0][0]
-    served = f" AND {s('queue')} = ANY(%s)" if fresh_on else ""
     lease = (
         f"LEAST(COALESCE((SELECT q.l FROM unnest(%s::text[], %s::bigint[]) AS q(n, l) "
         f"WHERE q.n = {s('queue')}), %s::bigint), CASE WHEN {s('timeout')} IS NULL "
@@ -110,22 +141,81 @@ def _claim_fresh(*, fresh_on: bool) -> str:
     )
     returned = ", ".join(f"{STEPS}.{_q(str(f.column))}" for f in step._meta.concrete_fields)
     attempt_cols = columns(att, ("step_id", "attempt", "status", "worker", "started_at"), _q)
+    limited = concurrency or rated
+    ctes, limit, stamp = _limit_ctes(concurrency=concurrency, rated=rated)
+    in_order = f"u.{s('priority')} DESC, u.{s('id')}"
+    last = f"SELECT * FROM u ORDER BY {in_order}"
+    if limited:
+        locked = "(SELECT count(*) FROM sl)" if rated else "0"
+        last = (
+            f"SELECT u.*, {locked}, (SELECT n FROM w) FROM (VALUES (1)) AS one(x) "
+            f"LEFT JOIN u ON true ORDER BY {in_order}"
+        )
     return (
-        f"WITH c AS (SELECT {s('id')} AS id, {lease} AS lease FROM {STEPS} "
-        f"WHERE {s('kind')} = '{StepKind.QUEUED}' AND {fresh}{served} "
-        f"AND NOT {s('queue')} = ANY(%s) AND {s('run_id')} IN (SELECT {_c(run, 'id')} "
-        f"FROM {RUNS} WHERE {_c(run, 'status')} = '{RunStatus.RUNNING}' "
-        f"AND NOT {_c(run, 'inline')}) "
-        f"ORDER BY {s('priority')} DESC, {s('id')} LIMIT %s FOR UPDATE SKIP LOCKED), "
+        f"WITH {ctes}c AS (SELECT {s('id')} AS id, {lease} AS lease {_fresh_from(fresh_on)} "
+        f"ORDER BY {s('priority')} DESC, {s('id')} LIMIT {limit} FOR UPDATE SKIP LOCKED), "
         f"u AS (UPDATE {STEPS} SET {s('status')} = '{StepStatus.RUNNING}', "
         f"{s('attempt')} = {STEPS}.{s('attempt')} + 1, {s('result')} = NULL, "
         f"{s('error')} = NULL, {s('available_at')} = NULL, "
         f"{s('lease_expires_at')} = {POSTGRESQL_NOW_MS} + c.lease, {s('updated_at')} = %s "
         f"FROM c WHERE {STEPS}.{s('id')} = c.id RETURNING {returned}, c.lease AS lease), "
         f"a AS (INSERT INTO {ATTEMPTS} ({attempt_cols}) "
-        f"SELECT u.{s('id')}, u.{s('attempt')}, '{StepStatus.RUNNING}', %s, %s FROM u) "
-        f"SELECT * FROM u ORDER BY u.{s('priority')} DESC, u.{s('id')}"
+        f"SELECT u.{s('id')}, u.{s('attempt')}, '{StepStatus.RUNNING}', %s, %s FROM u){stamp} "
+        f"{last}"
     )
+
+
+def _limit_ctes(*, concurrency: bool, rated: bool) -> tuple[str, str, str]:
+    """The CTEs that bound a limited queue's claim, the claim's LIMIT, and the CTE that
+    stamps the rate slots used.
+
+    ``w``: the steps wanted, the caller's limit less, with ``concurrency``, the
+    queue's steps claimed under a lease that has not lapsed (counted by a statement
+    that began after the caller took the queue's lock, so every other claim of the
+    queue is in its snapshot). ``sl`` (``rated``): up to that many of the queue's
+    slots below the rate's count and used more than a period ago, locked with SKIP
+    LOCKED, oldest first; a slot stamped by a claim that committed meanwhile is
+    re-checked as it is locked, and skipped. The steps claimed are at most the slots
+    locked, and as many slots are stamped with the store's clock. Parameters, in
+    order: with ``concurrency``, the limit and the queue; with ``rated``, the queue,
+    the rate's count and its period in ms; then the caller's limit (twice when
+    ``rated``: the slots', then the steps')."""
+    if not (concurrency or rated):
+        return "", "%s", ""
+    step = WorkflowStep
+
+    def s(name: str) -> str:
+        return _c(step, name)
+
+    ctes = []
+    if concurrency:
+        ctes.append(
+            f"room AS (SELECT %s::bigint - count(*) AS n FROM {STEPS} "
+            f"WHERE {s('kind')} = '{StepKind.QUEUED}' AND {s('queue')} = %s "
+            f"AND {s('status')} = '{StepStatus.RUNNING}' "
+            f"AND {s('lease_expires_at')} >= {POSTGRESQL_NOW_MS}), "
+        )
+    if not rated:
+        ctes.append("w AS (SELECT GREATEST(0, LEAST(%s::bigint, (SELECT n FROM room))) AS n), ")
+        return "".join(ctes), "(SELECT n FROM w)", ""
+    slots = _t(QueueClaim)
+
+    def k(name: str) -> str:
+        return _c(QueueClaim, name)
+
+    ctes.append(
+        f"sl AS (SELECT {k('id')} AS id FROM {slots} WHERE {k('queue')} = %s "
+        f"AND {k('slot')} < %s AND {k('claimed_ms')} <= {POSTGRESQL_NOW_MS} - %s::bigint "
+        f"ORDER BY {k('claimed_ms')} LIMIT (SELECT n FROM w) FOR UPDATE SKIP LOCKED), "
+    )
+    wanted = "GREATEST(0, LEAST(%s::bigint, (SELECT n FROM room)))" if concurrency else "%s::bigint"
+    # w comes first: sl's LIMIT reads it.
+    ctes.insert(len(ctes) - 1, f"w AS (SELECT {wanted} AS n), ")
+    stamp = (
+        f", st AS (UPDATE {slots} SET {k('claimed_ms')} = {POSTGRESQL_NOW_MS} "
+        f"WHERE {k('id')} IN (SELECT id FROM sl ORDER BY id LIMIT (SELECT count(*) FROM u)))"
+    )
+    return "".join(ctes), "LEAST(%s::bigint, (SELECT count(*) FROM sl))", stamp
 
 
 def _insert_sql(obj: Any) -> tuple[str, list[Any]]:

@@ -22,6 +22,7 @@ from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
 from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._values import DueRun, NewStep, NextDue, Settled, Wake
 from pikku_django.workflows.config import EngineConfig, engine_config
+from pikku_django.workflows.queues import Rate
 
 #: The PostgreSQL channel that new work is announced on.
 CHANNEL = "pikku_work"
@@ -53,6 +54,23 @@ class NewRun:
     @property
     def run_options(self) -> RunOptions:
         return self.options or RunOptions()
+
+
+@dataclass(frozen=True)
+class LimitedClaim:
+    """What one limited queue's claim of fresh steps made: each step as claimed and
+    its lease; the rate slots it found free (0 without a rate) and the steps it
+    wanted (the caller's limit, bounded by the queue's room)."""
+
+    steps: list[tuple[WorkflowStep, int]]
+    slots: int
+    wanted: int
+
+    @property
+    def slots_short(self) -> bool:
+        """Whether the rate's free slots, not the ready steps or the room, bounded the
+        claim (the queue may lack slots it has not made yet)."""
+        return self.slots < self.wanted and len(self.steps) == self.slots
 
 
 class WorkflowStore(abc.ABC):
@@ -200,6 +218,28 @@ class WorkflowStore(abc.ABC):
         Empty where the store has no such statement: the caller claims through
         :meth:`lock_ready_steps`."""
         return []
+
+    def claim_fresh_limited(
+        self,
+        now: datetime,
+        queue: str,
+        limit: int,
+        *,
+        worker: str,
+        lease_ms: int,
+        concurrency: int | None,
+        rate: Rate | None,
+    ) -> LimitedClaim | None:
+        """:meth:`claim_fresh_steps` of the limited ``queue`` alone, in one statement
+        that counts its limits: at most ``concurrency`` of its steps under a live
+        lease, and one free rate slot (see ``_rates``) locked and stamped per claim.
+        None where the store has no such statement."""
+        return None
+
+    def first_fresh_queue(self, now: datetime, queues: Sequence[str]) -> str | None:
+        """The queue of the first step :meth:`claim_fresh_steps` would claim from
+        ``queues`` (all when empty), or None (also where the store cannot tell)."""
+        return None
 
     @abc.abstractmethod
     def lock_ready_steps(

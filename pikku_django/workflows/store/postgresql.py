@@ -28,6 +28,7 @@ from pikku_django.models import (
 from pikku_django.prepared import fetch, fetch_one
 from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._values import DueRun, NewStep, Settled, Wake
+from pikku_django.workflows.queues import Rate
 from pikku_django.workflows.store._pg_finish import finish_run_sql
 from pikku_django.workflows.store._pg_sql import (
     ATTEMPTS,
@@ -37,6 +38,7 @@ from pikku_django.workflows.store._pg_sql import (
     _all_columns,
     _c,
     _claim_fresh,
+    _first_fresh_queue,
     _from_db,
     _insert_sql,
     _jsonb,
@@ -44,7 +46,13 @@ from pikku_django.workflows.store._pg_sql import (
     _q,
     _ready_exists,
 )
-from pikku_django.workflows.store.base import CHANNEL, RUN_DONE_CHANNEL, NewRun, columns
+from pikku_django.workflows.store.base import (
+    CHANNEL,
+    RUN_DONE_CHANNEL,
+    LimitedClaim,
+    NewRun,
+    columns,
+)
 from pikku_django.workflows.store.orm import OrmStore, queue_lock_name
 
 #: The first key of the advisory locks that limited queues' claims take.
@@ -173,6 +181,12 @@ def _statements() -> dict[str, str]:
         # updated at, the worker and started at.
         "claim_fresh_steps": _claim_fresh(fresh_on=False),
         "claim_fresh_steps_on": _claim_fresh(fresh_on=True),
+        # One limited queue's fresh steps, bounded by its room and rate slots.
+        "claim_limited_c": _claim_fresh(fresh_on=True, concurrency=True),
+        "claim_limited_r": _claim_fresh(fresh_on=True, rated=True),
+        "claim_limited_cr": _claim_fresh(fresh_on=True, concurrency=True, rated=True),
+        "first_fresh_queue": _first_fresh_queue(fresh_on=False),
+        "first_fresh_queue_on": _first_fresh_queue(fresh_on=True),
         "create_runs": (
             f"INSERT INTO {RUNS} "
             f"({columns(run, RUN_FIELDS + RUN_FIELDS_REST + RUN_OPTION_FIELDS, _q)}) "
@@ -242,6 +256,50 @@ class PostgresStore(OrmStore):
         name = "claim_fresh_steps_on" if queues else "claim_fresh_steps"
         rows = fetch(self.using, self._sql(name), params)
         return [(_from_db(self.using, WorkflowStep, row[:-1]), int(row[-1])) for row in rows]
+
+    def claim_fresh_limited(
+        self,
+        now: datetime,
+        queue: str,
+        limit: int,
+        *,
+        worker: str,
+        lease_ms: int,
+        concurrency: int | None,
+        rate: Rate | None,
+    ) -> LimitedClaim | None:
+        stamp = timezone.now()
+        params: list[Any] = []
+        if concurrency is not None:
+            params += [concurrency, queue]
+        params.append(limit)
+        if rate is not None:
+            params += [queue, rate.count, int(rate.per_seconds * 1000)]
+        params += [[queue], [lease_ms], lease_ms, NO_CAP, now, [queue], []]
+        if rate is not None:
+            params.append(limit)
+        params += [stamp, worker[:255], stamp]
+        name = "claim_limited_" + ("c" if concurrency is not None else "") + ("r" if rate else "")
+        with contextlib.ExitStack() as held:
+            if concurrency is not None:
+                # The count must see every claim of the queue: its statement begins
+                # once this transaction holds the queue's lock.
+                held.enter_context(self.limited_claim([queue]))
+            rows = fetch(self.using, self._sql(name), params)
+        steps = [
+            (_from_db(self.using, WorkflowStep, row[:-3]), int(row[-3]))
+            for row in rows
+            if row[0] is not None
+        ]
+        return LimitedClaim(steps, slots=int(rows[0][-2]), wanted=int(rows[0][-1]))
+
+    def first_fresh_queue(self, now: datetime, queues: Sequence[str]) -> str | None:
+        if queues:
+            sql, params = self._sql("first_fresh_queue_on"), [now, list(queues), []]
+        else:
+            sql, params = self._sql("first_fresh_queue"), [now, []]
+        rows = fetch(self.using, sql, params)
+        return str(rows[0][0]) if rows else None
 
     def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
         if queues:
