@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -27,6 +28,10 @@ from pikku_django.workflows.logcontext import workflow_logger
 
 logger = workflow_logger(__name__)
 
+#: One busy look in this many claims in the claim order (lapsed claims, due retries
+#: and fresh steps by priority) before it claims fresh steps.
+IN_ORDER_EVERY = 16
+
 
 class Claims:
     """Decides whether a step is claimed, and makes the claim."""
@@ -36,6 +41,7 @@ class Claims:
         self.store = states.store
         self.clock = states.clock
         self._config = config
+        self._looks = itertools.count(1)
 
     @property
     def config(self) -> EngineConfig:
@@ -180,7 +186,10 @@ class Claims:
             for q in config.queues.values()
             if config.is_limited(q.name) and (not served or q.name in served)
         ]
-        if busy:
+        # Now and then a busy look takes the claim order first, so that a backlog of
+        # fresh steps does not hold back lapsed claims and due retries.
+        fresh_first = busy and next(self._looks) % IN_ORDER_EVERY != 0
+        if fresh_first:
             fresh = self._claim_fresh(now, served, limited, limit, worker)
             if fresh:
                 return fresh

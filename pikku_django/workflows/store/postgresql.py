@@ -268,7 +268,6 @@ class PostgresStore(OrmStore):
         concurrency: int | None,
         rate: Rate | None,
     ) -> LimitedClaim | None:
-        stamp = timezone.now()
         params: list[Any] = []
         if concurrency is not None:
             params += [concurrency, queue]
@@ -278,14 +277,14 @@ class PostgresStore(OrmStore):
         params += [[queue], [lease_ms], lease_ms, NO_CAP, now, [queue], []]
         if rate is not None:
             params.append(limit)
-        params += [stamp, worker[:255], stamp]
         name = "claim_limited_" + ("c" if concurrency is not None else "") + ("r" if rate else "")
         with contextlib.ExitStack() as held:
             if concurrency is not None:
                 # The count must see every claim of the queue: its statement begins
                 # once this transaction holds the queue's lock.
                 held.enter_context(self.limited_claim([queue]))
-            rows = fetch(self.using, self._sql(name), params)
+            stamp = timezone.now()  # the claim's time: after any wait for the lock
+            rows = fetch(self.using, self._sql(name), [*params, stamp, worker[:255], stamp])
         steps = [
             (_from_db(self.using, WorkflowStep, row[:-3]), int(row[-3]))
             for row in rows
