@@ -10,7 +10,8 @@ baseline measured in the same run, in rounds (each starting at another claim fig
   ``100000/1m``, whose window holds every claim of the last minute);
 
 each batch of runs is ANALYZEd once made, as autovacuum would (the server may run
-without it), and each figure starts from emptied tables;
+without it), and each figure starts from emptied tables; a first round of every
+figure warms the server and the worker up and is dropped (``--no-warmup`` keeps it);
 - steps per second of ``runs`` runs of five no-op steps with 100 distinct priorities, against
   the same runs all of one priority (target at least 0.9).
 
@@ -134,29 +135,38 @@ def clear() -> None:
         cursor.execute(f"TRUNCATE {', '.join(TABLES)} CASCADE")
 
 
-def measure(bench: Bench, runs: int, rounds: int, say: Any) -> dict[str, Any]:
-    """Each figure's median over ``rounds`` alternating rounds, with its ratio."""
+def measure(bench: Bench, runs: int, rounds: int, say: Any, warmup: bool) -> dict[str, Any]:
+    """Each figure's median over ``rounds`` alternating rounds, with its ratio (after
+    one round of every figure whose samples are dropped, with ``warmup``)."""
     samples: dict[str, list[float]] = {
         k: [] for k in ("free", "limited", "rated", "rated_1m", "one", "hundred")
     }
     order = ["free", "limited", "rated", "rated_1m"]
-    for n in range(rounds):
+    for n in range(-1 if warmup else 0, rounds):
+        name = "warm-up" if n < 0 else f"round {n + 1}"
         # Each round starts at another queue, so no figure always follows the same one.
         for queue in order[n % len(order) :] + order[: n % len(order)]:
             clear()
-            samples[queue].append(bench.claims_per_second(queue, runs))
-            say(f"round {n + 1}: {queue} {samples[queue][-1]:.0f} claims/s")
+            got = bench.claims_per_second(queue, runs)
+            say(f"{name}: {queue} {got:.0f} claims/s")
+            if n >= 0:
+                samples[queue].append(got)
         for key, priorities in (("one", 1), ("hundred", 100)):
             clear()
-            samples[key].append(bench.steps_per_second(runs, priorities))
-            say(f"round {n + 1}: {priorities} priorities {samples[key][-1]:.0f} steps/s")
+            got = bench.steps_per_second(runs, priorities)
+            say(f"{name}: {priorities} priorities {got:.0f} steps/s")
+            if n >= 0:
+                samples[key].append(got)
     med = {k: statistics.median(v) for k, v in samples.items()}
+    spread = {k: (min(v), max(v)) for k, v in samples.items()}
 
     def figure(value: str, baseline: str, target: str, unit: str) -> dict[str, Any]:
         ratio = med[value] / med[baseline]
         return {
             "value": round(med[value], 1),
+            "value_range": [round(x, 1) for x in spread[value]],
             "baseline": round(med[baseline], 1),
+            "baseline_range": [round(x, 1) for x in spread[baseline]],
             "unit": unit,
             "ratio": round(ratio, 3),
             "target": TARGETS[target],
@@ -176,6 +186,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a small end-to-end run")
     parser.add_argument("--runs", type=int, default=2000, help="runs per claim round (2000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each figure (3)")
+    parser.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="measure from the first round (by default one round of every figure runs first "
+        "and its samples are dropped)",
+    )
     args = parser.parse_args()
     url = os.environ["PIKKU_BENCH_WORKFLOWS_URL"]
     if not url.startswith("postgres"):
@@ -190,7 +207,7 @@ def main() -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
-    figures = measure(Bench(), runs, rounds, say)
+    figures = measure(Bench(), runs, rounds, say, args.warmup and not args.quick)
     clear()
     print(
         json.dumps(
@@ -199,6 +216,7 @@ def main() -> int:
                 "quick": args.quick,
                 "runs": runs,
                 "rounds": rounds,
+                "warmup": args.warmup and not args.quick,
                 "server": pg_server_settings(url),
                 "figures": figures,
             }
