@@ -485,6 +485,7 @@ def main() -> int:
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {', '.join(TABLES)} CASCADE")
+        cursor.execute("CHECKPOINT")  # what an earlier run wrote is flushed before this one
     register()
     size = sizes(args)
 

@@ -314,3 +314,71 @@ def test_the_claim_reads_a_backlog_of_ready_steps_in_claim_order(vendor: str, al
             if node.get("Relation Name") == "pikku_workflow_step" and node["Actual Rows"] > 5:
                 problems.append(f"{served}: reads {node['Actual Rows']} steps for one claim")
     assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.parametrize("vendor", [pytest.param("postgres", marks=db_mark("postgres"))])
+def test_the_fresh_claims_read_a_backlog_of_ready_steps_in_claim_order(
+    vendor: str, alias: str
+) -> None:
+    """The one-statement claims of fresh steps (all queues, some, one limited queue)
+    and the look at the first one's queue read pikku_step_claim_order up to their
+    first ready steps, as the worker runs them: no sort over the backlog and no
+    join over every running run."""
+    from django.db import transaction
+
+    from pikku_django.workflows.queues import Rate
+
+    _load_backlog(alias, 10_000)
+    with connections[alias].cursor() as cursor:
+        cursor.execute("ANALYZE pikku_workflow_run")
+        cursor.execute("ANALYZE pikku_workflow_step")
+    store = PostgresStore(alias)
+    now = timezone.now()
+    seen: list[tuple[str, Any]] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "SKIP LOCKED" in sql or "LIMIT 1" in sql:
+            seen.append((sql, params))
+        return execute(sql, params, many, context)
+
+    leases = {"default": 60_000}
+    calls = {
+        "all queues": lambda: store.claim_fresh_steps(
+            now, [], 1, worker="w", leases=leases, default_lease_ms=60_000
+        ),
+        "some queues": lambda: store.claim_fresh_steps(
+            now, ["default"], 1, worker="w", leases=leases, default_lease_ms=60_000
+        ),
+        "concurrency and rate": lambda: store.claim_fresh_limited(
+            now, "default", 1, worker="w", lease_ms=60_000, concurrency=8, rate=Rate(100, 60)
+        ),
+        "first queue": lambda: store.first_fresh_queue(now, ["default", "other"]),
+    }
+    problems: list[str] = []
+    for name, call in calls.items():
+        seen.clear()
+        with connections[alias].execute_wrapper(record):
+            call()
+        assert seen, name
+        for sql, params in seen:
+            # As prepared, after five runs its generic plan may be the one it gets.
+            with transaction.atomic(using=alias):
+                for kind, planned in _plans(alias, sql, list(params)):
+                    problems += _check(name, kind, planned)
+                transaction.set_rollback(True, using=alias)
+            with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+                plan = _json(cursor.fetchone()[0])
+                transaction.set_rollback(True, using=alias)
+            nodes = list(_nodes(plan))
+            steps = [n for n in nodes if n.get("Relation Name") == "pikku_workflow_step"]
+            if "pikku_step_claim_order" not in {n.get("Index Name") for n in steps}:
+                problems.append(f"{name}: reads {[n.get('Index Name') for n in steps]}")
+            for node in nodes:
+                if node["Node Type"] == "Seq Scan" and node.get("Relation Name") in TABLES:
+                    problems.append(f"{name}: scans {node['Relation Name']}")
+                # A sort or join of the rows claimed is fine; one over the backlog is not.
+                read = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+                if node.get("Relation Name") in TABLES and read > 5:
+                    problems.append(f"{name}: reads {read} rows of {node['Relation Name']}")
+    assert problems == [], "\n".join(problems)

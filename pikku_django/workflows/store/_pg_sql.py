@@ -13,6 +13,7 @@ from django.db.models import JSONField
 
 from pikku_django.dbclock import POSTGRESQL_NOW_MS
 from pikku_django.models import (
+    CLAIMABLE_STATUSES,
     QueueClaim,
     RunStatus,
     StepAttempt,
@@ -99,18 +100,28 @@ NO_CAP = 2**63 - 1
 
 def _fresh_from(fresh_on: bool) -> str:
     """FROM and WHERE of the ready steps not attempted yet, of running worker runs:
-    parameters now, the queues served (``fresh_on``) and the queues left out."""
+    parameters now, the queues served (``fresh_on``) and the queues left out.
+
+    Read in claim order off pikku_step_claim_order (whose condition is repeated, so
+    that the planner may use it), the first ready steps end the read however long
+    the backlog behind them; each step's run is looked up by its key (a LIMITed
+    scalar subquery is never made a join over every running run)."""
 
     def s(name: str) -> str:
         return _c(WorkflowStep, name)
 
-    run = WorkflowRun
+    def r(name: str) -> str:
+        return _c(WorkflowRun, name)
+
     served = f" AND {s('queue')} = ANY(%s)" if fresh_on else ""
+    claimable = ", ".join(f"'{status}'" for status in CLAIMABLE_STATUSES)
     return (
         f"FROM {STEPS} WHERE {s('kind')} = '{StepKind.QUEUED}' AND "
         f"{_ready_branches()[0][0]}{served} AND NOT {s('queue')} = ANY(%s) "
-        f"AND {s('run_id')} IN (SELECT {_c(run, 'id')} FROM {RUNS} "
-        f"WHERE {_c(run, 'status')} = '{RunStatus.RUNNING}' AND NOT {_c(run, 'inline')})"
+        f"AND {s('status')} IN ({claimable}) "
+        f"AND (SELECT run.{r('id')} FROM {RUNS} run WHERE run.{r('id')} = {STEPS}.{s('run_id')} "
+        f"AND run.{r('status')} = '{RunStatus.RUNNING}' AND NOT run.{r('inline')} LIMIT 1) "
+        f"IS NOT NULL"
     )
 
 
@@ -143,6 +154,9 @@ def _claim_fresh(*, fresh_on: bool, concurrency: bool = False, rated: bool = Fal
     attempt_cols = columns(att, ("step_id", "attempt", "status", "worker", "started_at"), _q)
     limited = concurrency or rated
     ctes, limit, stamp = _limit_ctes(concurrency=concurrency, rated=rated)
+    # A limited claim's attempt starts on the store's clock as its statement runs: after
+    # every claim and end that its count saw, and with the rate slot's stamp.
+    started = "clock_timestamp()" if limited else "%s"
     in_order = f"u.{s('priority')} DESC, u.{s('id')}"
     last = f"SELECT * FROM u ORDER BY {in_order}"
     if limited:
@@ -158,9 +172,14 @@ def _claim_fresh(*, fresh_on: bool, concurrency: bool = False, rated: bool = Fal
         f"{s('attempt')} = {STEPS}.{s('attempt')} + 1, {s('result')} = NULL, "
         f"{s('error')} = NULL, {s('available_at')} = NULL, "
         f"{s('lease_expires_at')} = {POSTGRESQL_NOW_MS} + c.lease, {s('updated_at')} = %s "
-        f"FROM c WHERE {STEPS}.{s('id')} = c.id RETURNING {returned}, c.lease AS lease), "
+        # = ANY(ARRAY(...)): the steps claimed are found by primary key whatever the
+        # plan, which cannot tell how many rows c holds (its LIMIT may be a subquery).
+        f"FROM c WHERE {STEPS}.{s('id')} = c.id "
+        f"AND {STEPS}.{s('id')} = ANY(ARRAY(SELECT id FROM c)) "
+        f"RETURNING {returned}, c.lease AS lease), "
         f"a AS (INSERT INTO {ATTEMPTS} ({attempt_cols}) "
-        f"SELECT u.{s('id')}, u.{s('attempt')}, '{StepStatus.RUNNING}', %s, %s FROM u){stamp} "
+        f"SELECT u.{s('id')}, u.{s('attempt')}, '{StepStatus.RUNNING}', %s, {started} FROM u)"
+        f"{stamp} "
         f"{last}"
     )
 

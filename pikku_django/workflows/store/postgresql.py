@@ -283,8 +283,7 @@ class PostgresStore(OrmStore):
                 # The count must see every claim of the queue: its statement begins
                 # once this transaction holds the queue's lock.
                 held.enter_context(self.limited_claim([queue]))
-            stamp = timezone.now()  # the claim's time: after any wait for the lock
-            rows = fetch(self.using, self._sql(name), [*params, stamp, worker[:255], stamp])
+            rows = fetch(self.using, self._sql(name), [*params, timezone.now(), worker[:255]])
         steps = [
             (_from_db(self.using, WorkflowStep, row[:-3]), int(row[-3]))
             for row in rows
