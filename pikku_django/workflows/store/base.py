@@ -73,7 +73,55 @@ class LimitedClaim:
         return self.slots < self.wanted and len(self.steps) == self.slots
 
 
-class WorkflowStore(abc.ABC):
+class FreshClaims:
+    """The claims of steps not attempted yet that a store may make in one statement
+    (see :class:`WorkflowStore`); by default it has none, and its callers claim
+    through :meth:`WorkflowStore.lock_ready_steps`."""
+
+    def claim_fresh_steps(
+        self,
+        now: datetime,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker: str,
+        leases: Mapping[str, int],
+        default_lease_ms: int,
+        exclude: Sequence[str] = (),
+    ) -> list[tuple[WorkflowStep, int]]:
+        """Claim, in one statement where the database allows, ready steps that have not
+        been attempted yet (scheduled or pending, and due) of running worker runs in
+        ``queues`` (all when empty) but not in ``exclude``, as their next attempt under
+        this worker's lease (``leases`` by queue, else ``default_lease_ms``, capped by
+        each one's timeout), in the claim order: each step as claimed and its lease.
+        Empty where the store has no such statement: the caller claims through
+        :meth:`lock_ready_steps`."""
+        return []
+
+    def claim_fresh_limited(
+        self,
+        now: datetime,
+        queue: str,
+        limit: int,
+        *,
+        worker: str,
+        lease_ms: int,
+        concurrency: int | None,
+        rate: Rate | None,
+    ) -> LimitedClaim | None:
+        """:meth:`claim_fresh_steps` of the limited ``queue`` alone, in one statement
+        that counts its limits: at most ``concurrency`` of its steps under a live
+        lease, and one free rate slot (see ``_rates``) locked and stamped per claim.
+        None where the store has no such statement."""
+        return None
+
+    def first_fresh_queue(self, now: datetime, queues: Sequence[str]) -> str | None:
+        """The queue of the first step :meth:`claim_fresh_steps` would claim from
+        ``queues`` (all when empty), or None (also where the store cannot tell)."""
+        return None
+
+
+class WorkflowStore(FreshClaims, abc.ABC):
     """The workflow tables' operations on one database (``using``)."""
 
     vendor: str = ""
@@ -198,48 +246,6 @@ class WorkflowStore(abc.ABC):
     @abc.abstractmethod
     def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
         """Whether a queued step may be ready to claim (a cheap look, before claiming)."""
-
-    def claim_fresh_steps(
-        self,
-        now: datetime,
-        queues: Sequence[str],
-        limit: int,
-        *,
-        worker: str,
-        leases: Mapping[str, int],
-        default_lease_ms: int,
-        exclude: Sequence[str] = (),
-    ) -> list[tuple[WorkflowStep, int]]:
-        """Claim, in one statement where the database allows, ready steps that have not
-        been attempted yet (scheduled or pending, and due) of running worker runs in
-        ``queues`` (all when empty) but not in ``exclude``, as their next attempt under
-        this worker's lease (``leases`` by queue, else ``default_lease_ms``, capped by
-        each one's timeout), in the claim order: each step as claimed and its lease.
-        Empty where the store has no such statement: the caller claims through
-        :meth:`lock_ready_steps`."""
-        return []
-
-    def claim_fresh_limited(
-        self,
-        now: datetime,
-        queue: str,
-        limit: int,
-        *,
-        worker: str,
-        lease_ms: int,
-        concurrency: int | None,
-        rate: Rate | None,
-    ) -> LimitedClaim | None:
-        """:meth:`claim_fresh_steps` of the limited ``queue`` alone, in one statement
-        that counts its limits: at most ``concurrency`` of its steps under a live
-        lease, and one free rate slot (see ``_rates``) locked and stamped per claim.
-        None where the store has no such statement."""
-        return None
-
-    def first_fresh_queue(self, now: datetime, queues: Sequence[str]) -> str | None:
-        """The queue of the first step :meth:`claim_fresh_steps` would claim from
-        ``queues`` (all when empty), or None (also where the store cannot tell)."""
-        return None
 
     @abc.abstractmethod
     def lock_ready_steps(

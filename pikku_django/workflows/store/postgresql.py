@@ -7,10 +7,10 @@ per process.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -28,17 +28,14 @@ from pikku_django.models import (
 from pikku_django.prepared import fetch, fetch_one
 from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._values import DueRun, NewStep, Settled, Wake
-from pikku_django.workflows.queues import Rate
 from pikku_django.workflows.store._pg_finish import finish_run_sql
+from pikku_django.workflows.store._pg_fresh import PostgresFreshClaims, queue_locks
 from pikku_django.workflows.store._pg_sql import (
     ATTEMPTS,
-    NO_CAP,
     RUNS,
     STEPS,
     _all_columns,
     _c,
-    _claim_fresh,
-    _first_fresh_queue,
     _from_db,
     _insert_sql,
     _jsonb,
@@ -49,14 +46,10 @@ from pikku_django.workflows.store._pg_sql import (
 from pikku_django.workflows.store.base import (
     CHANNEL,
     RUN_DONE_CHANNEL,
-    LimitedClaim,
     NewRun,
     columns,
 )
-from pikku_django.workflows.store.orm import OrmStore, queue_lock_name
-
-#: The first key of the advisory locks that limited queues' claims take.
-QUEUE_LOCK_SPACE = 0x70696B6B
+from pikku_django.workflows.store.orm import OrmStore
 
 #: The columns of a new step, as :class:`NewStep` names them.
 NEW_STEP_FIELDS = (
@@ -174,19 +167,6 @@ def _statements() -> dict[str, str]:
             f"run.{r('workflow')}, run.{r('created_at')} "
             f"FROM s JOIN {RUNS} run ON run.{r('id')} = s.run_id"
         ),
-        # The ready steps of the first branch (scheduled or pending, and due), claimed
-        # as their next attempt in one statement, each under its queue's lease (capped
-        # by its timeout). Parameters: queues' names and leases, the default lease,
-        # now, the queues served (in the _on form), the queues left out, the limit,
-        # updated at, the worker and started at.
-        "claim_fresh_steps": _claim_fresh(fresh_on=False),
-        "claim_fresh_steps_on": _claim_fresh(fresh_on=True),
-        # One limited queue's fresh steps, bounded by its room and rate slots.
-        "claim_limited_c": _claim_fresh(fresh_on=True, concurrency=True),
-        "claim_limited_r": _claim_fresh(fresh_on=True, rated=True),
-        "claim_limited_cr": _claim_fresh(fresh_on=True, concurrency=True, rated=True),
-        "first_fresh_queue": _first_fresh_queue(fresh_on=False),
-        "first_fresh_queue_on": _first_fresh_queue(fresh_on=True),
         "create_runs": (
             f"INSERT INTO {RUNS} "
             f"({columns(run, RUN_FIELDS + RUN_FIELDS_REST + RUN_OPTION_FIELDS, _q)}) "
@@ -206,7 +186,7 @@ def _statements() -> dict[str, str]:
     }
 
 
-class PostgresStore(OrmStore):
+class PostgresStore(PostgresFreshClaims, OrmStore):
     """PostgreSQL: the hot path as single statements, and LISTEN/NOTIFY."""
 
     vendor = "postgresql"
@@ -225,79 +205,8 @@ class PostgresStore(OrmStore):
         rows = fetch(self.using, self._sql("claim_due_runs"), [until, now, limit])
         return [DueRun(_from_db(self.using, WorkflowRun, row[:-1]), row[-1]) for row in rows]
 
-    @contextlib.contextmanager
-    def limited_claim(self, queues: Sequence[str]) -> Iterator[None]:
-        # An advisory lock per queue, released when the claim's transaction ends.
-        with self.atomic(), connections[self.using].cursor() as cursor:
-            for queue in sorted(set(queues)):
-                cursor.execute(
-                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
-                    [QUEUE_LOCK_SPACE, queue_lock_name(queue)],
-                )
-            yield
-
-    def claim_fresh_steps(
-        self,
-        now: datetime,
-        queues: Sequence[str],
-        limit: int,
-        *,
-        worker: str,
-        leases: Mapping[str, int],
-        default_lease_ms: int,
-        exclude: Sequence[str] = (),
-    ) -> list[tuple[WorkflowStep, int]]:
-        stamp = timezone.now()
-        params: list[Any] = [list(leases), [int(v) for v in leases.values()]]
-        params += [int(default_lease_ms), NO_CAP, now]
-        if queues:
-            params.append(list(queues))
-        params += [list(exclude), limit, stamp, worker[:255], stamp]
-        name = "claim_fresh_steps_on" if queues else "claim_fresh_steps"
-        rows = fetch(self.using, self._sql(name), params)
-        return [(_from_db(self.using, WorkflowStep, row[:-1]), int(row[-1])) for row in rows]
-
-    def claim_fresh_limited(
-        self,
-        now: datetime,
-        queue: str,
-        limit: int,
-        *,
-        worker: str,
-        lease_ms: int,
-        concurrency: int | None,
-        rate: Rate | None,
-    ) -> LimitedClaim | None:
-        params: list[Any] = []
-        if concurrency is not None:
-            params += [concurrency, queue]
-        params.append(limit)
-        if rate is not None:
-            params += [queue, rate.count, int(rate.per_seconds * 1000)]
-        params += [[queue], [lease_ms], lease_ms, NO_CAP, now, [queue], []]
-        if rate is not None:
-            params.append(limit)
-        name = "claim_limited_" + ("c" if concurrency is not None else "") + ("r" if rate else "")
-        with contextlib.ExitStack() as held:
-            if concurrency is not None:
-                # The count must see every claim of the queue: its statement begins
-                # once this transaction holds the queue's lock.
-                held.enter_context(self.limited_claim([queue]))
-            rows = fetch(self.using, self._sql(name), [*params, timezone.now(), worker[:255]])
-        steps = [
-            (_from_db(self.using, WorkflowStep, row[:-3]), int(row[-3]))
-            for row in rows
-            if row[0] is not None
-        ]
-        return LimitedClaim(steps, slots=int(rows[0][-2]), wanted=int(rows[0][-1]))
-
-    def first_fresh_queue(self, now: datetime, queues: Sequence[str]) -> str | None:
-        if queues:
-            sql, params = self._sql("first_fresh_queue_on"), [now, list(queues), []]
-        else:
-            sql, params = self._sql("first_fresh_queue"), [now, []]
-        rows = fetch(self.using, sql, params)
-        return str(rows[0][0]) if rows else None
+    def limited_claim(self, queues: Sequence[str]) -> AbstractContextManager[None]:
+        return queue_locks(self.using, queues)
 
     def ready_steps_exist(self, now: datetime, queues: Sequence[str]) -> bool:
         if queues:
