@@ -213,6 +213,8 @@ class FaultProxy:
                 data = src.recv(CHUNK)
                 if not data:
                     break
+                with self._lock:  # the mode when the chunk arrived, not before the wait
+                    mode, delay = self._mode, self._delay
                 if mode is Mode.SLOW:
                     time.sleep(delay)
                 self._wait_while_stalled(link)

@@ -58,7 +58,17 @@ def test_limits_quick_prints_every_figure_with_its_baseline() -> None:
     assert "server_version" in report["server"]
     assert set(report["figures"]) == FIGURES
     for name, fig in report["figures"].items():
-        assert set(fig) == {"value", "baseline", "ratio", "unit", "target", "met"}, name
+        assert set(fig) == {
+            "value",
+            "value_range",
+            "baseline",
+            "baseline_range",
+            "ratio",
+            "unit",
+            "target",
+            "met",
+        }, name
+        assert fig["value_range"][0] <= fig["value"] <= fig["value_range"][1], name
         assert fig["value"] > 0, name
         assert fig["baseline"] > 0, name
         assert fig["ratio"] == pytest.approx(fig["value"] / fig["baseline"], rel=0.05), name

@@ -82,9 +82,12 @@ def test_scale_quick_prints_every_figure_with_its_baseline() -> None:
         "repeats",
     }
     assert "server_version" in report["server"]
-    # The same VACUUM ANALYZE before every steps/s phase, the empty tables' too.
+    # The same VACUUM ANALYZE and CHECKPOINT before every steps/s phase, the empty
+    # tables' too.
     assert set(report["maintenance"]) == {"empty", "completed", "sleeping", "failed", "cma0"}
-    assert {m["command"] for m in report["maintenance"].values()} == {"VACUUM (ANALYZE)"}
+    assert {m["command"] for m in report["maintenance"].values()} == {
+        "VACUUM (ANALYZE); CHECKPOINT"
+    }
     assert set(report["figures"]) == FIGURES
     for name, fig in report["figures"].items():
         assert set(fig) == {"value", "baseline", "ratio", "unit", "target"}, name
