@@ -269,6 +269,9 @@ class Claims:
     def _claim_unlimited(
         self, now: datetime, served: list[str], limited: Sequence[str], limit: int, worker: str
     ) -> list[ClaimedStep]:
+        """Steps not attempted yet of the queues served but the ``limited`` ones, in
+        one statement where the store has one (their claim decision is that they are
+        due)."""
         config = self.config
         names = set(config.queues) | set(config.queue_lease_ms)
         claimed_at = time.monotonic()  # before the claim: the worker's deadline is never late
