@@ -123,6 +123,53 @@ def test_a_task_completes_in_its_steps_settle_without_a_pass(vendor: str, alias:
 
 
 @on_databases(*ALL)
+def test_a_first_attempt_reads_nothing_and_sees_what_its_result_later_says(
+    vendor: str, alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first attempt's task, context and signals come from its step and its claim,
+    with the worker and start its attempt row records; a later attempt reads them."""
+    from pikku_django.tasks import compat
+    from pikku_django.tasks.results import TaskRunState
+
+    loads: list[Any] = []
+    load = TaskRunState.load.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        TaskRunState, "load", classmethod(lambda cls, i: loads.append(i) or load(cls, i))
+    )
+    started: list[Any] = []
+
+    def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        started.append((str(task_result.status), task_result))
+
+    compat.task_started.connect(receive, weak=False, dispatch_uid="first-attempt")
+    try:
+        for fail_first in (False, True):
+            started.clear()
+            result = defs.attempt_of.enqueue(fail_first=fail_first)
+            get_engine().run_until_idle()
+            read = loads.count(result.id)
+            result.refresh()
+            assert result.status == TaskResultStatus.SUCCESSFUL
+            assert result.return_value["attempt"] == (2 if fail_first else 1)
+            status, first = started[0]
+            assert (first.id, status) == (result.id, TaskResultStatus.RUNNING)
+            assert first.enqueued_at == result.enqueued_at
+            assert first.started_at == result.started_at
+            assert first.worker_ids == result.worker_ids[:1]
+            assert first.args == []
+            assert first.kwargs == {"fail_first": fail_first}
+            if fail_first:
+                # The failure asks whether attempts are left; the retry reads its history.
+                assert read == 2
+                assert started[1][1].worker_ids == result.worker_ids
+                assert started[1][1].started_at == result.started_at
+            else:
+                assert read == 0
+    finally:
+        compat.task_started.disconnect(dispatch_uid="first-attempt")
+
+
+@on_databases(*ALL)
 def test_a_task_that_fails_for_good_fails_its_run_through_a_pass(vendor: str, alias: str) -> None:
     with Received() as received:
         result = defs.fail.enqueue("no")  # retries 1, retry_delay 0 (the OPTIONS)

@@ -177,15 +177,16 @@ def test_a_claim_is_one_guarded_update_of_a_running_runs_step(store: WorkflowSto
     run = _run(store)
     step = _step(store, run, status=StepStatus.SCHEDULED)
     guard = Q(status=StepStatus.SCHEDULED, attempt=0)
-    assert store.claim_attempt(step, guard, lease_ms=5_000, worker="w")
-    assert not store.claim_attempt(step, guard, lease_ms=5_000, worker="w")  # lost the race
+    started = store.claim_attempt(step, guard, lease_ms=5_000, worker="w")
+    assert started is not None
+    assert store.claim_attempt(step, guard, lease_ms=5_000, worker="w") is None  # lost the race
     row = WorkflowStep.objects.using(store.using).get(id=step.id)
     assert (row.status, row.attempt) == (StepStatus.RUNNING, 1)
     assert row.lease_expires_at > store_now_ms(store.using)
     attempt = StepAttempt.objects.using(store.using).get(step_id=step.id)
-    assert (attempt.attempt, attempt.worker) == (1, "w")
+    assert (attempt.attempt, attempt.worker, attempt.started_at) == (1, "w", started)
     other = _step(store, _run(store, status=RunStatus.CANCELLED), status=StepStatus.SCHEDULED)
-    assert not store.claim_attempt(other, guard, lease_ms=5_000, worker="w")
+    assert store.claim_attempt(other, guard, lease_ms=5_000, worker="w") is None
     assert store.refresh_lease(step.id, 10_000, 1)
     assert not store.refresh_lease(step.id, 10_000, 2)
 

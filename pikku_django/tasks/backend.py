@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction
+from django.utils import timezone
 
 from pikku_django.tasks import compat
 from pikku_django.tasks.naming import MAX_TASK_PATH, task_workflow
@@ -106,6 +107,8 @@ class PikkuBackend(compat.BaseTaskBackend):
             "queue": task.queue_name,
             "priority": task.priority,
             "run_after": task.run_after.isoformat() if task.run_after else None,
+            # The result's enqueued_at, as every reader of the run (and its step) sees it.
+            "enqueued_at": timezone.now().isoformat(),
             "policy": {k: v for k, v in policy.items() if v is not None},
             # An async def task runs as an async step, on the worker's event loop.
             "async": is_async,

@@ -19,7 +19,8 @@ from pikku_django.tasks.compat import (
     TaskResultDoesNotExist,
     TaskResultStatus,
 )
-from pikku_django.tasks.naming import STEP_NAME, is_task_workflow
+from pikku_django.tasks.naming import STEP_NAME, is_task_workflow, task_workflow
+from pikku_django.workflows._values import ClaimedStep
 from pikku_django.workflows.api import get_engine
 
 
@@ -59,6 +60,49 @@ class TaskRunState:
         if run is None or not is_task_workflow(run.workflow):
             raise TaskResultDoesNotExist(result_id)
         return cls(run, step, attempts)
+
+    @classmethod
+    def first_attempt(cls, data: Any, claimed: ClaimedStep | None) -> TaskRunState | None:
+        """The state of a task run's first attempt from what its step (``data``) and
+        claim carry, read from nowhere; None unless ``claimed`` is that first attempt
+        of that run's step, with the call and its start known."""
+        call = data.get("call") if isinstance(data, dict) else None
+        if (
+            claimed is None
+            or not isinstance(call, dict)
+            or claimed.attempt != 1
+            or claimed.reclaimed
+            or claimed.started_at is None
+            or str(claimed.run_id) != data.get("run")
+        ):
+            return None
+        enqueued = _parse_time(call.get("enqueued_at"))
+        if enqueued is None:
+            return None
+        run = WorkflowRun(
+            id=claimed.run_id,
+            workflow=task_workflow(str(call.get("task", ""))),
+            input=call,
+            status=RunStatus.RUNNING,
+            created_at=enqueued,
+        )
+        step = WorkflowStep(
+            id=claimed.step_id, name=STEP_NAME, status=StepStatus.RUNNING, attempt=1
+        )
+        attempt = StepAttempt(
+            step_id=claimed.step_id,
+            attempt=1,
+            status=StepStatus.RUNNING,
+            worker=claimed.worker[:255],
+            started_at=claimed.started_at,
+        )
+        return cls(run, step, (attempt,))
+
+    def is_last_attempt(self) -> bool:
+        """Whether the step's current attempt is its last (or it has no step)."""
+        if self.step is None:
+            return True
+        return self.step.attempt >= self.step.attempts_allowed
 
     @property
     def input(self) -> dict[str, Any]:
@@ -111,7 +155,7 @@ class TaskRunState:
             task=task,
             id=str(self.run.id),
             status=status,
-            enqueued_at=self.run.created_at,
+            enqueued_at=_parse_time(self.input.get("enqueued_at")) or self.run.created_at,
             started_at=self.attempts[0].started_at if self.attempts else None,
             finished_at=self.finished_at(),
             last_attempted_at=self.attempts[-1].started_at if self.attempts else None,
@@ -124,6 +168,16 @@ class TaskRunState:
         if status == TaskResultStatus.SUCCESSFUL:
             object.__setattr__(result, "_return_value", self.run.output)
         return result
+
+
+def _parse_time(value: Any) -> datetime | None:
+    """An ISO time stored in a task run's input, or None (absent or malformed)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
 
 
 def task_error(error: dict[str, Any]) -> Any:

@@ -23,6 +23,7 @@ from pikku_django.tasks.naming import (
     STEP_NAME,
     WORKFLOW_PREFIX,
 )
+from pikku_django.workflows._current import current_claim
 from pikku_django.workflows.api import get_engine
 from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.errors import NotSerializableError, WorkflowError, serialize_error
@@ -41,13 +42,18 @@ class TaskExitedError(WorkflowError):
     code = "TASK_EXITED"
 
 
+#: What a task run's step carries of its run's input: enough to call the task on a
+#: first attempt without reading the run.
+CALL_KEYS = ("task", "args", "kwargs", "backend", "queue", "priority", "enqueued_at")
+
+
 def task_step(run_id: uuid.UUID, input: dict[str, Any]) -> OpeningStep:
     """A task run's one queued step, with the task's retry policy: stored with the run
     at enqueue time (so a worker claims it at once), and what a pass replays."""
     return OpeningStep(
         STEP_NAME,
         ASYNC_STEP_FUNCTION if input.get("async") else STEP_FUNCTION,
-        {"run": str(run_id)},
+        {"run": str(run_id), "call": {k: input[k] for k in CALL_KEYS if k in input}},
         {"queue": input.get("queue"), **(input.get("policy") or {})},
     )
 
@@ -69,12 +75,19 @@ register_workflow_prefix(WORKFLOW_PREFIX, find_task_workflow)
 @dataclass
 class _TaskCall:
     """One attempt's call of a task: the task, its result as the worker holds it, and
-    whether this is its last attempt."""
+    whether this is its last attempt (None: not read yet)."""
 
     task: Any
     result: Any
     sender: type
-    last_attempt: bool
+    last_attempt: bool | None
+
+    def is_last_attempt(self) -> bool:
+        if self.last_attempt is None:
+            from pikku_django.tasks.results import TaskRunState
+
+            self.last_attempt = TaskRunState.load(self.result.id).is_last_attempt()
+        return self.last_attempt
 
     def arguments(self, compat: Any) -> tuple[list[Any], dict[str, Any]]:
         args = list(self.result.args)
@@ -90,15 +103,16 @@ def _begin(data: dict[str, Any]) -> _TaskCall:
     from pikku_django.tasks import compat
     from pikku_django.tasks.results import TaskRunState
 
-    state = TaskRunState.load(data["run"])
+    # A first attempt's state is what its step and claim carry; any other is read.
+    first = TaskRunState.first_attempt(data, current_claim())
+    state = first or TaskRunState.load(data["run"])
     task = state.task()
     result = state.result(task)
-    attempt = state.step.attempt if state.step is not None else len(state.attempts)
     call = _TaskCall(
         task=task,
         result=result,
         sender=type(task.get_backend()),
-        last_attempt=state.step is None or attempt >= state.step.attempts_allowed,
+        last_attempt=None if first is not None else state.is_last_attempt(),
     )
     compat.task_started.send(sender=call.sender, task_result=result)
     return call
@@ -110,7 +124,7 @@ def _failed(call: _TaskCall, exc: BaseException) -> Exception:
     from pikku_django.tasks.results import finished, task_error
 
     error = _as_exception(exc, call.task.module_path)
-    if call.last_attempt or isinstance(error, NotSerializableError):
+    if isinstance(error, NotSerializableError) or call.is_last_attempt():
         finished(
             call.result, compat.TaskResultStatus.FAILED, error=task_error(serialize_error(error))
         )

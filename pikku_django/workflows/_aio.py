@@ -25,6 +25,7 @@ from django.db import connections
 
 from pikku_django.workflows import registry
 from pikku_django.workflows._connections import release_connections
+from pikku_django.workflows._current import calling
 from pikku_django.workflows._timeouts import renewal_ms
 from pikku_django.workflows._values import ClaimedStep, StepOutcome, Wake
 from pikku_django.workflows.errors import StepFunctionNotFoundError
@@ -231,7 +232,8 @@ class AsyncSteps:
                 raise StepFunctionNotFoundError(claimed.function)
             if claimed.transactional:
                 registry.check_not_async_transactional(definition.fn, f"Step {claimed.name!r}")
-            value = await registry.acall_step_function(definition.fn, claimed.input)
+            with calling(claimed):
+                value = await registry.acall_step_function(definition.fn, claimed.input)
         except Exception as exc:
             error = exc
         # Its run is woken for any worker: the loop does not pass runs.

@@ -116,10 +116,19 @@ class Claims:
     ) -> ClaimedStep | None:
         lease_ms = capped_lease_ms(lease_ms, step.timeout)
         claimed_at = time.monotonic()  # before the claim: the worker's deadline is never late
-        if not self.store.claim_attempt(step, guard, lease_ms=lease_ms, worker=worker):
+        started = self.store.claim_attempt(step, guard, lease_ms=lease_ms, worker=worker)
+        if started is None:
             return None
         reclaimed = step.status == StepStatus.RUNNING
-        return _claimed(step, step.attempt + 1, lease_ms, claimed_at, reclaimed=reclaimed)
+        return _claimed(
+            step,
+            step.attempt + 1,
+            lease_ms,
+            claimed_at,
+            reclaimed=reclaimed,
+            worker=worker,
+            started_at=started,
+        )
 
     def claim_inline(self, step: WorkflowStep) -> ClaimedStep | None:
         """A new attempt of an inline step (the run lease keeps other passes out)."""
@@ -275,6 +284,7 @@ class Claims:
         config = self.config
         names = set(config.queues) | set(config.queue_lease_ms)
         claimed_at = time.monotonic()  # before the claim: the worker's deadline is never late
+        started = timezone.now()
         rows = self.store.claim_fresh_steps(
             now,
             served,
@@ -283,9 +293,19 @@ class Claims:
             leases={name: config.lease_ms_for_queue(name) for name in names},
             default_lease_ms=config.step_lease_ms,
             exclude=limited,
+            started_at=started,
         )
         return [
-            _claimed(step, step.attempt, lease, claimed_at, reclaimed=False) for step, lease in rows
+            _claimed(
+                step,
+                step.attempt,
+                lease,
+                claimed_at,
+                reclaimed=False,
+                worker=worker,
+                started_at=started,
+            )
+            for step, lease in rows
         ]
 
     def _claim_limited(
@@ -311,8 +331,9 @@ class Claims:
             )
             if got is None:
                 break
+            # Their attempts start on the store's clock: when is not known here.
             claimed += [
-                _claimed(step, step.attempt, lease, claimed_at, reclaimed=False)
+                _claimed(step, step.attempt, lease, claimed_at, reclaimed=False, worker=worker)
                 for step, lease in got.steps
             ]
             if not (rate is not None and got.slots_short and grow_slots(self.store, queue, rate)):
@@ -329,9 +350,16 @@ class Claims:
 
 
 def _claimed(
-    step: WorkflowStep, attempt: int, lease_ms: int, claimed_at: float, *, reclaimed: bool
+    step: WorkflowStep,
+    attempt: int,
+    lease_ms: int,
+    claimed_at: float,
+    *,
+    reclaimed: bool,
+    worker: str,
+    started_at: datetime | None = None,
 ) -> ClaimedStep:
-    """The claim of ``attempt`` of ``step``."""
+    """The claim of ``attempt`` of ``step`` by ``worker``."""
     return ClaimedStep(
         step_id=step.id,
         run_id=step.run_id,
@@ -345,4 +373,6 @@ def _claimed(
         reclaimed=reclaimed,
         claimed_at=claimed_at,
         timeout=step.timeout,
+        worker=worker,
+        started_at=started_at,
     )

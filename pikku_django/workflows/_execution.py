@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepStatus
 from pikku_django.workflows import registry
+from pikku_django.workflows._current import calling
 from pikku_django.workflows._dberrors import retrying
 from pikku_django.workflows._events import AttemptInfo
 from pikku_django.workflows._options import retry_delay_for
@@ -209,7 +210,8 @@ class Execution:
             # The function's writes and the fenced result commit together, or not at
             # all: a superseded attempt's (or a stopped run's) writes roll back.
             with self.store.atomic():
-                result = to_json(registry.call_step_function(fn, claimed.input), what)
+                with calling(claimed):
+                    result = to_json(registry.call_step_function(fn, claimed.input), what)
                 check_in_time(claimed)  # a late attempt's writes roll back
                 self._check_run_running(claimed)
                 return self.set_result(claimed.step_id, result, claimed.attempt, wake=done)
@@ -218,7 +220,8 @@ class Execution:
             if claimed.transactional:
                 # A deadlock or lock wait rolls it all back: made again, same attempt.
                 return retrying(transaction)
-            result = to_json(registry.call_step_function(fn, claimed.input), what)
+            with calling(claimed):
+                result = to_json(registry.call_step_function(fn, claimed.input), what)
             check_in_time(claimed)  # a late result is refused: the attempt timed out
             return retrying(
                 lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=done)

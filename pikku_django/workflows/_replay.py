@@ -281,4 +281,5 @@ class Replay:
             carried=CarriedRun(run, recorder.steps),
             claimed_at=claimed_at,
             timeout=options.timeout,
+            worker=claimer.worker,
         )

@@ -237,6 +237,10 @@ class ClaimedStep:
     claimed_at: float = field(default_factory=time.monotonic, compare=False, repr=False)
     #: Seconds the attempt may run, from ``claimed_at`` (None: no limit).
     timeout: float | None = None
+    #: The worker the attempt is recorded under, and when it started as recorded
+    #: (None where the claim was stamped by the database's clock, not this process).
+    worker: str = field(default="", compare=False)
+    started_at: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

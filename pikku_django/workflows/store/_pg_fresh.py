@@ -73,8 +73,9 @@ class PostgresFreshClaims(FreshClaims):
         leases: Mapping[str, int],
         default_lease_ms: int,
         exclude: Sequence[str] = (),
+        started_at: datetime | None = None,
     ) -> list[tuple[WorkflowStep, int]]:
-        stamp = timezone.now()
+        stamp = started_at or timezone.now()
         params: list[Any] = [list(leases), [int(v) for v in leases.values()]]
         params += [int(default_lease_ms), NO_CAP, now]
         if queues:

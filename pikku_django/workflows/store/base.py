@@ -88,14 +88,15 @@ class FreshClaims:
         leases: Mapping[str, int],
         default_lease_ms: int,
         exclude: Sequence[str] = (),
+        started_at: datetime | None = None,
     ) -> list[tuple[WorkflowStep, int]]:
         """Claim, in one statement where the database allows, ready steps that have not
         been attempted yet (scheduled or pending, and due) of running worker runs in
         ``queues`` (all when empty) but not in ``exclude``, as their next attempt under
         this worker's lease (``leases`` by queue, else ``default_lease_ms``, capped by
-        each one's timeout), in the claim order: each step as claimed and its lease.
-        Empty where the store has no such statement: the caller claims through
-        :meth:`lock_ready_steps`."""
+        each one's timeout), started at ``started_at`` (None: now), in the claim order:
+        each step as claimed and its lease. Empty where the store has no such
+        statement: the caller claims through :meth:`lock_ready_steps`."""
         return []
 
     def claim_fresh_limited(
@@ -222,10 +223,11 @@ class WorkflowStore(FreshClaims, abc.ABC):
     @abc.abstractmethod
     def claim_attempt(
         self, step: WorkflowStep, guard: models.Q, *, lease_ms: int, worker: str
-    ) -> bool:
+    ) -> datetime | None:
         """Start attempt ``step.attempt + 1`` under this worker's lease, if the step
         still matches ``guard`` and its run is running (one guarded UPDATE, and the
-        attempt's history row): whether this caller won."""
+        attempt's history row): when the attempt started as recorded, or None when
+        this caller did not win."""
 
     @abc.abstractmethod
     def refresh_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:

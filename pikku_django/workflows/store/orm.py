@@ -234,7 +234,9 @@ class OrmStore(WorkflowStore):
             .update(status=RunStatus.COMPLETED, output=output, wake_at=None, updated_at=now)
         )
 
-    def claim_attempt(self, step: WorkflowStep, guard: Q, *, lease_ms: int, worker: str) -> bool:
+    def claim_attempt(
+        self, step: WorkflowStep, guard: Q, *, lease_ms: int, worker: str
+    ) -> datetime | None:
         attempt = step.attempt + 1
         # Only a step of a running run is claimed, by whichever route: a cancelled
         # (or otherwise settled) run's steps never run again.
@@ -256,17 +258,17 @@ class OrmStore(WorkflowStore):
                 )
             )
             if not won:
-                return False
+                return None
             if step.status == StepStatus.RUNNING:
                 # The attempt whose claim lapsed is closed as replaced, never with an
                 # outcome: whatever it still writes is refused.
                 self.attempts().filter(
                     step_id=step.id, attempt=step.attempt, status=AttemptStatus.RUNNING
                 ).update(status=AttemptStatus.SUPERSEDED, finished_at=now)
-            self.attempts().create(
+            row = self.attempts().create(
                 step_id=step.id, attempt=attempt, status=StepStatus.RUNNING, worker=worker[:255]
             )
-        return True
+        return row.started_at
 
     def refresh_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:
         expires = None if lease_ms is None else EpochMs() + int(lease_ms)
