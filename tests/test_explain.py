@@ -162,6 +162,12 @@ def test_the_workers_scheduled_queries_use_indexes_on_a_million_steps(
             statements["ready_steps_exist_on"],
             [now, ["default"], now, ["default"], ["default"]],
         ),
+        ("retries_or_lapsed_exist", statements["retries_or_lapsed_exist"], [now]),
+        (
+            "retries_or_lapsed_exist_on",
+            statements["retries_or_lapsed_exist_on"],
+            [now, ["default"], ["default"]],
+        ),
     ]
     problems: list[str] = []
     seen = []
@@ -177,6 +183,7 @@ def test_the_workers_scheduled_queries_use_indexes_on_a_million_steps(
         seen.append((name, "custom"))
         problems += _check(name, "custom", plan)
     assert ("ready_steps_exist", "generic") in seen
+    assert ("retries_or_lapsed_exist_on", "generic") in seen
     assert any(name.startswith("stalled_runs") for name, _ in seen)
     assert any(name.startswith("overdue_runs") for name, _ in seen)
     assert any(name.startswith("next_deadline") for name, _ in seen)

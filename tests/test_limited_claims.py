@@ -4,6 +4,7 @@ backlog of fresh steps (SQLite, PostgreSQL, MariaDB)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -81,13 +82,21 @@ def test_the_head_of_the_claim_order_goes_first_across_limited_and_free_queues(
     assert engine.claim_due_steps(limit=1, busy=True) == []
 
 
-def test_a_lapsed_claim_is_not_held_back_by_fresh_steps(alias: str) -> None:
+@pytest.mark.parametrize("left", ["lapsed", "retry"])
+def test_a_lapsed_claim_or_due_retry_is_not_held_back_by_fresh_steps(
+    alias: str, left: str
+) -> None:
     engine = _engine(alias, {"limited": {"concurrency": 50}})
     for queue in ("free", "limited"):
         [lapsing] = _ready(engine, queue, 1)
         [claimed] = engine.claim_due_steps([queue], limit=1)
         assert claimed.run_id == lapsing.id
-        WorkflowStep.objects.using(alias).filter(id=claimed.step_id).update(lease_expires_at=1)
+        rows = WorkflowStep.objects.using(alias).filter(id=claimed.step_id)
+        if left == "lapsed":
+            rows.update(lease_expires_at=1)
+        else:
+            due = engine.clock.now() - timedelta(seconds=1)
+            rows.update(status=StepStatus.FAILED, lease_expires_at=None, available_at=due)
         _ready(engine, queue, IN_ORDER_EVERY + 2)  # a backlog of fresh steps behind it
         looks = []
         for _ in range(IN_ORDER_EVERY):
@@ -97,7 +106,25 @@ def test_a_lapsed_claim_is_not_held_back_by_fresh_steps(alias: str) -> None:
                 break
         assert looks[-1] == lapsing.id, f"{queue}: not reclaimed in {len(looks)} busy looks"
         assert got.attempt == 2
-        assert got.reclaimed
+        assert got.reclaimed == (left == "lapsed")
+
+
+@db_mark("postgres")
+def test_a_busy_look_in_claim_order_with_only_fresh_steps_ready_claims_them_at_once() -> None:
+    """With no retry due and no claim lapsed, the look in claim order is the fresh
+    claim: one look at the other two kinds of ready step, then the claim."""
+    alias = database_alias("postgres")
+    engine = _engine(alias, {})
+    _ready(engine, "free", IN_ORDER_EVERY + 1)
+    seen = []
+    for _ in range(IN_ORDER_EVERY):
+        with CaptureQueriesContext(connections[alias]) as queries:
+            [claimed] = engine.claim_due_steps(["free"], limit=1, busy=True)
+        seen.append(len(queries.captured_queries))
+        assert claimed.attempt == 1
+        assert claimed.started_at is not None
+    # Fifteen fresh claims, and one look in claim order that found only fresh steps.
+    assert sorted(seen) == [1] * (IN_ORDER_EVERY - 1) + [2]
 
 
 @pytest.mark.parametrize(

@@ -202,6 +202,9 @@ class Claims:
             fresh = self._claim_fresh(now, served, limited, limit, worker)
             if fresh:
                 return fresh
+        elif busy and not self.store.retries_or_lapsed_exist(now, served):
+            # No retry is due and no claim lapsed: the claim order is the fresh steps'.
+            return self._claim_fresh(now, served, limited, limit, worker)
         if not self.store.ready_steps_exist(now, served):
             return []
         if not busy:

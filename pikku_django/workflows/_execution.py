@@ -142,8 +142,11 @@ class Execution:
         if claimed.carried is not None:
             workflow: Any = claimed.carried.run.workflow
         else:
-            runs = self.store.runs().filter(id=claimed.run_id).values_list("workflow", flat=True)
-            workflow = Lazy(runs.first)
+            store, run_id = self.store, claimed.run_id
+            # Read (and its query built) only if a record shows it.
+            workflow = Lazy(
+                lambda: store.runs().filter(id=run_id).values_list("workflow", flat=True).first()
+            )
         return log_context(
             workflow=workflow,
             run_id=str(claimed.run_id),

@@ -26,23 +26,32 @@ QUEUE_LOCK_SPACE = 0x70696B6B
 
 @functools.cache
 def _statements() -> dict[str, str]:
-    """Each statement, built on first use.
+    """Each statement of a limited queue, built on first use.
 
     The ready steps of the first branch (scheduled or pending, and due), claimed as
     their next attempt, each under its queue's lease (capped by its timeout).
-    Parameters: queues' names and leases, the default lease, now, the queues served
-    (in the _on forms), the queues left out, the limit, updated at, the worker and
-    started at; a limited queue's (``claim_limited_*``: c for its concurrency limit,
-    r for its rate) begin with its limits' (see ``_pg_sql._limit_ctes``)."""
+    Parameters: the limits' (``claim_limited_*``: c for the queue's concurrency
+    limit, r for its rate; see ``_pg_sql._limit_ctes``), the queues' names and
+    leases, the default lease, now, the queue, updated at, the worker (and the
+    claim of the queues without limits, :func:`_unlimited_claim`: the same without
+    the limits', the queues served only where some are, and the queues left out
+    only where some are, then started at)."""
     return {
-        "claim_fresh_steps": _claim_fresh(fresh_on=False),
-        "claim_fresh_steps_on": _claim_fresh(fresh_on=True),
-        "claim_limited_c": _claim_fresh(fresh_on=True, concurrency=True),
-        "claim_limited_r": _claim_fresh(fresh_on=True, rated=True),
-        "claim_limited_cr": _claim_fresh(fresh_on=True, concurrency=True, rated=True),
+        "claim_limited_c": _claim_fresh(fresh_on=True, concurrency=True, excluding=False),
+        "claim_limited_r": _claim_fresh(fresh_on=True, rated=True, excluding=False),
+        "claim_limited_cr": _claim_fresh(
+            fresh_on=True, concurrency=True, rated=True, excluding=False
+        ),
         "first_fresh_queue": _first_fresh_queue(fresh_on=False),
         "first_fresh_queue_on": _first_fresh_queue(fresh_on=True),
     }
+
+
+@functools.lru_cache(maxsize=64)
+def _unlimited_claim(fresh_on: bool, excluding: bool, limit: int) -> str:
+    """The claim of fresh steps of the queues without limits, one statement per shape
+    and limit (see ``_pg_sql._claim_fresh``)."""
+    return _claim_fresh(fresh_on=fresh_on, excluding=excluding, limit=limit)
 
 
 @contextlib.contextmanager
@@ -80,9 +89,11 @@ class PostgresFreshClaims(FreshClaims):
         params += [int(default_lease_ms), NO_CAP, now]
         if queues:
             params.append(list(queues))
-        params += [list(exclude), limit, stamp, worker[:255], stamp]
-        name = "claim_fresh_steps_on" if queues else "claim_fresh_steps"
-        rows = fetch(self.using, _statements()[name], params)
+        if exclude:
+            params.append(list(exclude))
+        params += [stamp, worker[:255], stamp]
+        sql = _unlimited_claim(bool(queues), bool(exclude), int(limit))
+        rows = fetch(self.using, sql, params)
         return [(_from_db(self.using, WorkflowStep, row[:-1]), int(row[-1])) for row in rows]
 
     def claim_fresh_limited(
@@ -102,7 +113,7 @@ class PostgresFreshClaims(FreshClaims):
         params.append(limit)
         if rate is not None:
             params += [queue, rate.count, int(rate.per_seconds * 1000)]
-        params += [[queue], [lease_ms], lease_ms, NO_CAP, now, [queue], []]
+        params += [[queue], [lease_ms], lease_ms, NO_CAP, now, [queue]]
         if rate is not None:
             params.append(limit)
         name = "claim_limited_" + ("c" if concurrency is not None else "") + ("r" if rate else "")
@@ -122,8 +133,8 @@ class PostgresFreshClaims(FreshClaims):
 
     def first_fresh_queue(self, now: datetime, queues: Sequence[str]) -> str | None:
         if queues:
-            sql, params = _statements()["first_fresh_queue_on"], [now, list(queues), []]
+            sql, params = _statements()["first_fresh_queue_on"], [now, list(queues)]
         else:
-            sql, params = _statements()["first_fresh_queue"], [now, []]
+            sql, params = _statements()["first_fresh_queue"], [now]
         rows = fetch(self.using, sql, params)
         return str(rows[0][0]) if rows else None

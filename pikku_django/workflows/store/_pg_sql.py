@@ -67,13 +67,15 @@ def _ready_branches() -> list[tuple[str, str]]:
     ]
 
 
-def _ready_exists(queue: str) -> str:
-    """Whether a queued step is ready: one EXISTS per branch, each read in its
-    partial index's order, so that even a generic plan takes the index."""
+def _ready_exists(queue: str, *, fresh: bool = True) -> str:
+    """Whether a queued step is ready (without ``fresh``: a due retry or a lapsed
+    claim): one EXISTS per branch, each read in its partial index's order, so that
+    even a generic plan takes the index."""
     kind = f"{_c(WorkflowStep, 'kind')} = '{StepKind.QUEUED}'"
+    branches = _ready_branches() if fresh else _ready_branches()[1:]
     return "SELECT " + " OR ".join(
         f"EXISTS (SELECT 1 FROM {STEPS} WHERE {kind} AND {cond}{queue} ORDER BY {order} LIMIT 1)"
-        for cond, order in _ready_branches()
+        for cond, order in branches
     )
 
 
@@ -98,9 +100,11 @@ def _from_db(using: str, model: type[Any], row: Sequence[Any]) -> Any:
 NO_CAP = 2**63 - 1
 
 
-def _fresh_from(fresh_on: bool) -> str:
+def _fresh_from(fresh_on: bool, excluding: bool = True) -> str:
     """FROM and WHERE of the ready steps not attempted yet, of running worker runs:
-    parameters now, the queues served (``fresh_on``) and the queues left out.
+    parameters now, the queues served (``fresh_on``) and the queues left out
+    (``excluding``; without, the form a generic plan estimates well: the planner
+    guesses that ``<> ALL`` of an unknown array leaves almost no step of a queue).
 
     Read in claim order off pikku_step_claim_order (whose condition is repeated, so
     that the planner may use it), the first ready steps end the read however long
@@ -114,10 +118,11 @@ def _fresh_from(fresh_on: bool) -> str:
         return _c(WorkflowRun, name)
 
     served = f" AND {s('queue')} = ANY(%s)" if fresh_on else ""
+    left_out = f" AND NOT {s('queue')} = ANY(%s)" if excluding else ""
     claimable = ", ".join(f"'{status}'" for status in CLAIMABLE_STATUSES)
     return (
         f"FROM {STEPS} WHERE {s('kind')} = '{StepKind.QUEUED}' AND "
-        f"{_ready_branches()[0][0]}{served} AND NOT {s('queue')} = ANY(%s) "
+        f"{_ready_branches()[0][0]}{served}{left_out} "
         f"AND {s('status')} IN ({claimable}) "
         f"AND (SELECT run.{r('id')} FROM {RUNS} run WHERE run.{r('id')} = {STEPS}.{s('run_id')} "
         f"AND run.{r('status')} = '{RunStatus.RUNNING}' AND NOT run.{r('inline')} LIMIT 1) "
@@ -129,17 +134,27 @@ def _first_fresh_queue(*, fresh_on: bool) -> str:
     """The queue of the first step :func:`_claim_fresh` would claim (no lock taken)."""
     s = functools.partial(_c, WorkflowStep)
     return (
-        f"SELECT {s('queue')} {_fresh_from(fresh_on)} "
+        f"SELECT {s('queue')} {_fresh_from(fresh_on, excluding=False)} "
         f"ORDER BY {s('priority')} DESC, {s('id')} LIMIT 1"
     )
 
 
-def _claim_fresh(*, fresh_on: bool, concurrency: bool = False, rated: bool = False) -> str:
+def _claim_fresh(
+    *,
+    fresh_on: bool,
+    concurrency: bool = False,
+    rated: bool = False,
+    excluding: bool = True,
+    limit: int | None = None,
+) -> str:
     """The claim of fresh steps in one statement. ``concurrency`` and ``rated`` (for
     one limited queue, the ``fresh_on`` form with that queue alone) bound it by the
     queue's room and by the rate slots the statement locks, and stamp the slots used;
     each row of a limited form ends with the slots locked and the steps wanted (see
-    :func:`_limit_ctes`), and it returns one row of NULL columns when it claims none."""
+    :func:`_limit_ctes`), and it returns one row of NULL columns when it claims none.
+    A ``limit`` (the forms without limits) is written into the statement instead of
+    taken as a parameter: the generic plan then knows it, and is cheaper than a
+    custom plan and its planning (an unknown LIMIT is guessed at a tenth of the rows)."""
     step, att = WorkflowStep, StepAttempt
 
     def s(name: str) -> str:
@@ -153,7 +168,9 @@ def _claim_fresh(*, fresh_on: bool, concurrency: bool = False, rated: bool = Fal
     returned = ", ".join(f"{STEPS}.{_q(str(f.column))}" for f in step._meta.concrete_fields)
     attempt_cols = columns(att, ("step_id", "attempt", "status", "worker", "started_at"), _q)
     limited = concurrency or rated
-    ctes, limit, stamp = _limit_ctes(concurrency=concurrency, rated=rated)
+    ctes, limit_sql, stamp = _limit_ctes(concurrency=concurrency, rated=rated)
+    if limit is not None and not limited:
+        limit_sql = str(int(limit))
     # A limited claim's attempt starts on the store's clock as its statement runs: after
     # every claim and end that its count saw, and with the rate slot's stamp.
     started = "clock_timestamp()" if limited else "%s"
@@ -166,8 +183,9 @@ def _claim_fresh(*, fresh_on: bool, concurrency: bool = False, rated: bool = Fal
             f"LEFT JOIN u ON true ORDER BY {in_order}"
         )
     return (
-        f"WITH {ctes}c AS (SELECT {s('id')} AS id, {lease} AS lease {_fresh_from(fresh_on)} "
-        f"ORDER BY {s('priority')} DESC, {s('id')} LIMIT {limit} FOR UPDATE SKIP LOCKED), "
+        f"WITH {ctes}c AS (SELECT {s('id')} AS id, {lease} AS lease "
+        f"{_fresh_from(fresh_on, excluding)} "
+        f"ORDER BY {s('priority')} DESC, {s('id')} LIMIT {limit_sql} FOR UPDATE SKIP LOCKED), "
         f"u AS (UPDATE {STEPS} SET {s('status')} = '{StepStatus.RUNNING}', "
         f"{s('attempt')} = {STEPS}.{s('attempt')} + 1, {s('result')} = NULL, "
         f"{s('error')} = NULL, {s('available_at')} = NULL, "

@@ -116,6 +116,12 @@ class FreshClaims:
         None where the store has no such statement."""
         return None
 
+    def retries_or_lapsed_exist(self, now: datetime, queues: Sequence[str]) -> bool:
+        """Whether a queued step of ``queues`` (all when empty) is ready but not fresh:
+        a failed attempt's retry is due, or a claim lapsed. True where the store cannot
+        tell cheaply (its callers then claim in the claim order)."""
+        return True
+
     def first_fresh_queue(self, now: datetime, queues: Sequence[str]) -> str | None:
         """The queue of the first step :meth:`claim_fresh_steps` would claim from
         ``queues`` (all when empty), or None (also where the store cannot tell)."""

@@ -116,6 +116,8 @@ def _statements() -> dict[str, str]:
         # One statement per shape, so that a generic plan fits each.
         "ready_steps_exist": _ready_exists(""),
         "ready_steps_exist_on": _ready_exists(f" AND {s('queue')} = ANY(%s)"),
+        "retries_or_lapsed_exist": _ready_exists("", fresh=False),
+        "retries_or_lapsed_exist_on": _ready_exists(f" AND {s('queue')} = ANY(%s)", fresh=False),
         "insert_settled": (
             f"WITH s AS (INSERT INTO {STEPS} ({new_cols}) "
             f"SELECT {new_vals}, %s, %s::jsonb, %s::jsonb, 1, %s, NULL, %s, %s "
@@ -214,6 +216,14 @@ class PostgresStore(PostgresFreshClaims, OrmStore):
             sql, params = self._sql("ready_steps_exist_on"), [now, served, now, served, served]
         else:
             sql, params = self._sql("ready_steps_exist"), [now, now]
+        return bool(fetch_one(self.using, sql, params)[0])
+
+    def retries_or_lapsed_exist(self, now: datetime, queues: Sequence[str]) -> bool:
+        if queues:
+            served = list(queues)
+            sql, params = self._sql("retries_or_lapsed_exist_on"), [now, served, served]
+        else:
+            sql, params = self._sql("retries_or_lapsed_exist"), [now]
         return bool(fetch_one(self.using, sql, params)[0])
 
     def finish_run(
