@@ -83,9 +83,7 @@ def test_the_head_of_the_claim_order_goes_first_across_limited_and_free_queues(
 
 
 @pytest.mark.parametrize("left", ["lapsed", "retry"])
-def test_a_lapsed_claim_or_due_retry_is_not_held_back_by_fresh_steps(
-    alias: str, left: str
-) -> None:
+def test_a_lapsed_claim_or_due_retry_is_not_held_back_by_fresh_steps(alias: str, left: str) -> None:
     engine = _engine(alias, {"limited": {"concurrency": 50}})
     for queue in ("free", "limited"):
         [lapsing] = _ready(engine, queue, 1)
