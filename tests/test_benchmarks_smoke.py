@@ -276,3 +276,26 @@ def test_transactions_are_counted_per_unit(
     per_s, per_unit = throughput_run.counted_batch(Counted(), Kind.SINGLE, 20, 1)
     assert per_s == 20.0
     assert per_unit == pytest.approx(3.0, abs=0.3)
+
+
+def test_tasks_benchmark_repeats_every_system_and_compares_medians() -> None:
+    require_service("postgres")
+    name = f"{TAG}_tasks"
+    try:
+        report = run_script(
+            "tasks.py",
+            *("--tasks", "5", "--repeat", "2", "--settle", "0.2"),
+            env={"PIKKU_BENCH_TASKS_URL": f"{PG}/{name}"},
+            timeout=240,
+        )
+    finally:
+        drop_pg([name])
+    assert report["settings"]["repeat"] == 2
+    systems = ["pikku", "django_tasks_db"] + (
+        ["procrastinate"] if installed("procrastinate") else []
+    )
+    for system in systems:
+        for figure in ("tasks_per_s", "enqueues_per_s", "drain_tasks_per_s"):
+            assert_summary(report[system][figure])
+            assert len(report[system][figure]["repeats"]) == 2
+    assert report["ratios"]["pikku_vs_django_tasks_db_tasks"] > 0
