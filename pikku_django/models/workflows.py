@@ -216,8 +216,13 @@ class WorkflowRun(models.Model):
 class WorkflowStep(models.Model):
     """One memoised step of a run: a function call, a sleep, a suspension or a child run."""
 
+    #: Not indexed alone: the unique (run, name) index begins with it.
     run = models.ForeignKey(
-        WorkflowRun, on_delete=models.CASCADE, related_name="steps", verbose_name=_("run")
+        WorkflowRun,
+        on_delete=models.CASCADE,
+        related_name="steps",
+        verbose_name=_("run"),
+        db_index=False,
     )
     name = models.CharField(_("step name"), max_length=255)
     kind = models.CharField(_("kind"), max_length=16, choices=StepKind.choices)
@@ -244,6 +249,7 @@ class WorkflowStep(models.Model):
         blank=True,
         related_name="parent_steps",
         verbose_name=_("child run"),
+        db_index=False,  # pikku_step_child: the steps that have one
     )
     queue = models.CharField(_("queue"), max_length=100, default="default")
     priority = models.SmallIntegerField(
@@ -265,6 +271,7 @@ class WorkflowStep(models.Model):
         blank=True,
         related_name="branches",
         verbose_name=_("parallel group"),
+        db_index=False,  # pikku_step_group: the steps that have one
     )
     #: A parallel group's child branches not settled yet: the last one wakes the run.
     open_branches = models.IntegerField(_("open child branches"), default=0, db_default=0)
@@ -278,8 +285,29 @@ class WorkflowStep(models.Model):
         ordering = ("run", "id")
         constraints = (models.UniqueConstraint(fields=("run", "name"), name="pikku_step_name"),)
         indexes = (
-            models.Index(fields=("queue", "status", "available_at"), name="pikku_step_ready"),
+            # Every claim and settle rewrites a step in each index it is in: the
+            # indexes below hold only the steps that their looks read.
+            #
+            # For databases without partial indexes (MariaDB, MySQL), which drop
+            # every condition here: their looks for ready steps by queue. Elsewhere
+            # a condition no step meets leaves it empty (the partial indexes below
+            # serve those looks).
+            models.Index(
+                fields=("queue", "status", "available_at"),
+                name="pikku_step_ready",
+                condition=models.Q(id__isnull=True),
+            ),
             models.Index(fields=("status", "lease_expires_at"), name="pikku_step_lease"),
+            models.Index(
+                fields=("child_run",),
+                name="pikku_step_child",
+                condition=models.Q(child_run__isnull=False),
+            ),
+            models.Index(
+                fields=("group",),
+                name="pikku_step_group",
+                condition=models.Q(group__isnull=False),
+            ),
             # Each branch of the ready rule, and the next due time, over queued steps
             # that may still run: succeeded steps (most rows) are in none of them.
             models.Index(
