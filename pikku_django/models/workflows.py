@@ -249,7 +249,6 @@ class WorkflowStep(models.Model):
         blank=True,
         related_name="parent_steps",
         verbose_name=_("child run"),
-        db_index=False,  # pikku_step_child: the steps that have one
     )
     queue = models.CharField(_("queue"), max_length=100, default="default")
     priority = models.SmallIntegerField(
@@ -271,7 +270,6 @@ class WorkflowStep(models.Model):
         blank=True,
         related_name="branches",
         verbose_name=_("parallel group"),
-        db_index=False,  # pikku_step_group: the steps that have one
     )
     #: A parallel group's child branches not settled yet: the last one wakes the run.
     open_branches = models.IntegerField(_("open child branches"), default=0, db_default=0)
@@ -298,16 +296,6 @@ class WorkflowStep(models.Model):
                 condition=models.Q(id__isnull=True),
             ),
             models.Index(fields=("status", "lease_expires_at"), name="pikku_step_lease"),
-            models.Index(
-                fields=("child_run",),
-                name="pikku_step_child",
-                condition=models.Q(child_run__isnull=False),
-            ),
-            models.Index(
-                fields=("group",),
-                name="pikku_step_group",
-                condition=models.Q(group__isnull=False),
-            ),
             # Each branch of the ready rule, and the next due time, over queued steps
             # that may still run: succeeded steps (most rows) are in none of them.
             models.Index(
