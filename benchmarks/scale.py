@@ -286,9 +286,14 @@ def bulk_load(kind: str, count: int, chunk: int = 20_000) -> None:
             )
 
 
+#: Whether maintenance ends with a ``CHECKPOINT`` (``--no-checkpoint`` turns it off).
+CHECKPOINT = True
+
+
 def maintain(phase: str, vacuum: bool, record: dict[str, Any]) -> None:
     """The same maintenance before every phase: ``VACUUM ANALYZE`` of the pikku tables
-    (``ANALYZE`` only without ``vacuum``), then a ``CHECKPOINT``, timed into ``record``.
+    (``ANALYZE`` only without ``vacuum``), then a ``CHECKPOINT`` (unless
+    ``--no-checkpoint``), timed into ``record``.
 
     The checkpoint flushes what the bulk load wrote now, not during the phase: a
     system whose tables filled over weeks has had its checkpoints as it went, while a
@@ -302,9 +307,11 @@ def maintain(phase: str, vacuum: bool, record: dict[str, Any]) -> None:
     with connection.cursor() as cursor:  # autocommit: VACUUM runs outside a transaction
         for table in TABLES:
             cursor.execute(f"{command} {table}")
-        cursor.execute("CHECKPOINT")
+        if CHECKPOINT:
+            cursor.execute("CHECKPOINT")
+            command += "; CHECKPOINT"
     record[phase] = {
-        "command": f"{command}; CHECKPOINT",
+        "command": command,
         "seconds": round(time.perf_counter() - t0, 2),
     }
 
@@ -473,7 +480,16 @@ def main() -> int:
         action="store_false",
         help="only ANALYZE before each phase, not VACUUM ANALYZE",
     )
+    parser.add_argument(
+        "--no-checkpoint",
+        dest="checkpoint",
+        action="store_false",
+        help="no CHECKPOINT at the start and after each phase's maintenance (for a server "
+        "shared with other work, whose commits a checkpoint would stall)",
+    )
     args = parser.parse_args()
+    global CHECKPOINT
+    CHECKPOINT = args.checkpoint
     url = os.environ["PIKKU_BENCH_WORKFLOWS_URL"]
     if not url.startswith("postgres"):
         parser.error("scale.py runs on PostgreSQL: set PIKKU_BENCH_WORKFLOWS_URL to postgres://")
@@ -485,7 +501,8 @@ def main() -> int:
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {', '.join(TABLES)} CASCADE")
-        cursor.execute("CHECKPOINT")  # what an earlier run wrote is flushed before this one
+        if CHECKPOINT:  # what an earlier run wrote is flushed before this one
+            cursor.execute("CHECKPOINT")
     register()
     size = sizes(args)
 

@@ -16,9 +16,17 @@ import time
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from pikku_django.conf import DEFAULTS
-from pikku_django.models import AttemptStatus, RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models import (
+    AttemptStatus,
+    RunStatus,
+    StepAttempt,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+)
 from pikku_django.workflows import WorkflowEngine
 from tests.conftest import database_alias, on_databases
 from tests.test_worker import finish, wait_for, worker_process
@@ -69,7 +77,7 @@ def test_sigkilled_worker_step_completes_as_attempt_two(
         (second,) = workers(alias, 1, run_lease_ms)
         time.sleep(2)  # the second worker is up and idle before the kill
         os.kill(first.pid, signal.SIGKILL)
-        killed_at = time.monotonic()
+        killed_at, killed_wall = time.monotonic(), timezone.now()
         wait_for(
             lambda: run_state(alias, run.id).status == RunStatus.COMPLETED,
             LEASE_MS / 1000 + 30,
@@ -79,12 +87,29 @@ def test_sigkilled_worker_step_completes_as_attempt_two(
     finally:
         stop(*(p for p in (first, second) if p is not None))
     step = WorkflowStep.objects.using(alias).get(run_id=run.id, name="work")
+    # Where the time went, should the bound below be missed: each attempt's start and end
+    # and the run's last update, in seconds after the kill.
+    timeline = [
+        (
+            a.attempt,
+            *(
+                None if t is None else round((t - killed_wall).total_seconds(), 3)
+                for t in (a.started_at, a.finished_at)
+            ),
+        )
+        for a in StepAttempt.objects.using(alias).filter(step=step).order_by("attempt")
+    ] + [
+        (
+            "run updated",
+            round((run_state(alias, run.id).updated_at - killed_wall).total_seconds(), 3),
+        )
+    ]
     assert step.status == StepStatus.SUCCEEDED
     assert step.attempt == 2
     assert step.result["pid"] == second.pid
     assert run_state(alias, run.id).output == step.result
     # The step lease, one poll, and a pass or two to record and finish.
-    assert elapsed <= LEASE_MS / 1000 + POLL + 2.5, elapsed
+    assert elapsed <= LEASE_MS / 1000 + POLL + 2.5, (elapsed, timeline)
 
 
 @on_databases("postgres")

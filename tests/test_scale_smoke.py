@@ -56,7 +56,7 @@ def test_scale_quick_prints_every_figure_with_its_baseline() -> None:
     require_service("postgres")
     try:
         done = subprocess.run(  # noqa: S603 - this interpreter on a script of the repository
-            [sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--quick"],
+            [sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--quick", "--no-checkpoint"],
             cwd=ROOT,
             env={**os.environ, "PIKKU_BENCH_WORKFLOWS_URL": f"{PG}/{NAME}"},
             capture_output=True,
@@ -82,12 +82,10 @@ def test_scale_quick_prints_every_figure_with_its_baseline() -> None:
         "repeats",
     }
     assert "server_version" in report["server"]
-    # The same VACUUM ANALYZE and CHECKPOINT before every steps/s phase, the empty
-    # tables' too.
+    # The same VACUUM ANALYZE before every steps/s phase, the empty tables' too; no
+    # CHECKPOINT, which would stall the commits of the other tests on this server.
     assert set(report["maintenance"]) == {"empty", "completed", "sleeping", "failed", "cma0"}
-    assert {m["command"] for m in report["maintenance"].values()} == {
-        "VACUUM (ANALYZE); CHECKPOINT"
-    }
+    assert {m["command"] for m in report["maintenance"].values()} == {"VACUUM (ANALYZE)"}
     assert set(report["figures"]) == FIGURES
     for name, fig in report["figures"].items():
         assert set(fig) == {"value", "baseline", "ratio", "unit", "target"}, name
