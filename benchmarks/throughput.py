@@ -98,6 +98,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--databases", default=",".join(DATABASES), help="postgres,mariadb,sqlite (all)")
     add("--no-peers", action="store_true", help="pikku only")
     add(
+        "--systems",
+        default="",
+        help="only these systems, by key prefix: pikku_carried_cma60, pikku_claimed, "
+        "procrastinate, dbos, ... (all)",
+    )
+    add("--kinds", default="", help="only these kinds: chain, single, inline (all)")
+    add(
         "--vacuum",
         choices=("auto", "always", "never"),
         default="auto",
@@ -122,6 +129,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.conn_max_age = [int(c) for c in str(args.conn_max_age).split(",") if c.strip()]
     except ValueError:
         parser.error("--concurrency and --conn-max-age are comma-separated integers")
+    args.systems = [k.strip() for k in args.systems.split(",") if k.strip()]
+    args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if set(args.kinds) - {"chain", "single", "inline"}:
+        parser.error("--kinds takes chain, single and inline")
     args.databases = [d.strip() for d in args.databases.split(",") if d.strip()]
     unknown = sorted(set(args.databases) - set(DATABASES))
     if unknown:
@@ -145,6 +156,8 @@ def child_argv(args: argparse.Namespace, database: str) -> list[str]:
         *("--conn-max-age", ",".join(map(str, args.conn_max_age))),
         *("--timeout", str(args.timeout)),
         *(["--transactions"] if args.transactions else []),
+        *(["--systems", ",".join(args.systems)] if args.systems else []),
+        *(["--kinds", ",".join(args.kinds)] if args.kinds else []),
     ]
     if args.profile:
         argv += ["--profile", str(args.profile)]
@@ -236,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                     "pikku_conn_max_age": args.conn_max_age,
                     "vacuum": args.vacuum,
                     "quick": args.quick,
+                    "systems": args.systems or "all",
+                    "kinds": args.kinds or "all",
                 },
                 "docs": DOCS,
                 "machine": machine(

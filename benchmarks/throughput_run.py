@@ -171,7 +171,16 @@ def build_systems(database: str, procs: Processes, args: argparse.Namespace) -> 
         )
     if database == "postgres" and not args.no_peers:
         systems += prepare_peers(procs, args)
-    return systems
+    return [s for s in systems if chosen(s, args)]
+
+
+def chosen(system: System, args: argparse.Namespace) -> bool:
+    """Whether ``--systems`` and ``--kinds`` keep ``system`` (its kinds narrowed to them)."""
+    if args.systems and not any(system.key.startswith(k) for k in args.systems):
+        return False
+    if args.kinds:
+        system.kinds = tuple(k for k in system.kinds if k.value in args.kinds)
+    return bool(system.kinds)
 
 
 #: Seconds an idle worker is watched for the transactions it makes while idle.
