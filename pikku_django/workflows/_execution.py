@@ -37,6 +37,9 @@ from pikku_django.workflows.logcontext import Lazy, log_context, workflow_logger
 
 logger = workflow_logger(__name__)
 
+#: What a step's result is offered to before it is recorded (see ``execute_step``).
+Then = Callable[[Any], Settled | None]
+
 #: How long past a lapsed run lease a run left by a dead worker falls due again.
 RECOVERY_MARGIN = timedelta(seconds=2)
 
@@ -50,7 +53,7 @@ class Execution:
         self.clock = states.clock
         self._config = config
 
-    def _wake_at(self, wake: Wake) -> datetime:
+    def wake_at(self, wake: Wake) -> datetime:
         """When the run falls due after a settle: now, or (``Wake.PASS``) once the
         settling thread's run lease would have lapsed."""
         now = self.clock.now()
@@ -76,7 +79,7 @@ class Execution:
             StepStatus.SUCCEEDED,
             result=payload,
             wake=wake,
-            wake_at=self._wake_at(wake),
+            wake_at=self.wake_at(wake),
         )
         if settled is None:
             raise WorkflowStepSupersededError(step_id, attempt)
@@ -114,7 +117,7 @@ class Execution:
             # A final failure spends the remaining attempts, so nothing retries it.
             retries=attempt - 1 if final else None,
             wake=wake if exhausted else Wake.NONE,
-            wake_at=self._wake_at(wake),
+            wake_at=self.wake_at(wake),
         )
         if settled is None:
             raise WorkflowStepSupersededError(step_id, attempt)
@@ -124,13 +127,17 @@ class Execution:
 
     # -- executing ------------------------------------------------------------------
 
-    def execute_step(self, claimed: ClaimedStep, *, wake: Wake = Wake.NOW) -> StepOutcome:
-        """Run a claimed queued step by its registered function."""
+    def execute_step(
+        self, claimed: ClaimedStep, *, wake: Wake = Wake.NOW, then: Then | None = None
+    ) -> StepOutcome:
+        """Run a claimed queued step by its registered function. ``then`` (for a step
+        that is not transactional) is given the result first: it may record it with
+        what follows (the Settled it returns), or leave it to be recorded here (None)."""
         definition = registry.get_step(claimed.function)
         with self._log_context(claimed):
             if definition is None:
                 return self._function_missing(claimed)
-            return self._run(claimed, definition.fn, wake)
+            return self._run(claimed, definition.fn, wake, then)
 
     def execute(self, claimed: ClaimedStep, fn: Callable[..., Any], wake: Wake) -> StepOutcome:
         """Run a claimed step by ``fn`` (an inline step's callable)."""
@@ -154,9 +161,15 @@ class Execution:
             attempt=claimed.attempt,
         )
 
-    def _run(self, claimed: ClaimedStep, fn: Callable[..., Any], wake: Wake) -> StepOutcome:
+    def _run(
+        self,
+        claimed: ClaimedStep,
+        fn: Callable[..., Any],
+        wake: Wake,
+        then: Then | None = None,
+    ) -> StepOutcome:
         info, began = self.attempt_started(claimed)
-        outcome = self._run_signalled(claimed, fn, wake, info, began)
+        outcome = self._run_signalled(claimed, fn, wake, info, began, then)
         return self._ended(outcome, info, began)
 
     def attempt_started(self, claimed: ClaimedStep) -> tuple[AttemptInfo | None, float]:
@@ -205,6 +218,7 @@ class Execution:
         wake: Wake,
         info: AttemptInfo | None,
         began: float,
+        then: Then | None = None,
     ) -> StepOutcome:
         what = f"The result of step {claimed.name!r}"
         done = success_wake(claimed, wake)
@@ -226,6 +240,10 @@ class Execution:
             with calling(claimed):
                 result = to_json(registry.call_step_function(fn, claimed.input), what)
             check_in_time(claimed)  # a late result is refused: the attempt timed out
+            if then is not None:
+                settled = then(result)
+                if settled is not None:
+                    return settled
             return retrying(
                 lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=done)
             )

@@ -60,6 +60,13 @@ class StepRecorder:
         #: once this pass resolved it: replayed steps are checked against it.
         self._plain: dict[Any, tuple[str, str]] = {}
 
+    def write_nothing(self) -> None:
+        """Let this pass replay and stop at a queued step its claimer takes, but not
+        write: whatever would write (a step, a sleep, a park...) raises
+        :class:`WritesRefused` instead."""
+        refused = _Refused()
+        self.inline = self.states = self.store = refused  # type: ignore[assignment]
+
     def replayed(self, name: str, fn: object) -> WorkflowStep | None:
         """The step recorded under ``name`` when it succeeded as the call naming only
         ``fn`` makes it, already resolved this pass; else None (the caller takes the
@@ -287,3 +294,15 @@ def _version_of(workflow: str) -> str:
 class StepsUnread(BaseException):
     """A pass that replayed against no steps reached one it cannot take as new
     without reading the run's steps: the pass reads them and replays again."""
+
+
+class WritesRefused(BaseException):
+    """A pass that may not write (:meth:`StepRecorder.write_nothing`) reached
+    something it cannot take without writing."""
+
+
+class _Refused:
+    """What a pass that may not write has in place of what writes."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise WritesRefused(name)

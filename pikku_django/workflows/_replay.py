@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -250,36 +251,62 @@ class Replay:
         payload: Any,
     ) -> ClaimedStep | None:
         """Store the queued step a pass reached as claimed by its claimer, parking the run."""
-        run, claimer = recorder.run, recorder.claimer
-        assert claimer is not None
-        lease_ms = capped_lease_ms(
-            self._config().lease_ms_for_queue(options.queue), options.timeout
-        )
-        claimed_at = time.monotonic()
-        new = NewStep.of(run, name, StepKind.QUEUED, options, payload)
+        claim = NewClaim.of(recorder, name, options, payload, self._config())
         stored = self.store.insert_claimed(
-            new, lease_ms=lease_ms, worker=claimer.worker, park_wakes=seen_wakes
+            claim.step, lease_ms=claim.lease_ms, worker=claim.worker, park_wakes=seen_wakes
         )
         if stored is None:
             # Stored meanwhile by another pass, or the run stopped running: look again.
-            self.states.wake(run.id)
+            self.states.wake(recorder.run.id)
             return None
-        step_id, stored_input = stored
-        row = WorkflowStep(id=step_id, **new.columns(), status=StepStatus.RUNNING, attempt=1)
+        return claim.stored(recorder, *stored)
+
+
+@dataclass(frozen=True)
+class NewClaim:
+    """The queued step a pass reached, to be stored claimed by the pass's claimer."""
+
+    step: NewStep
+    options: StepOptions
+    lease_ms: int
+    worker: str
+    #: When the claim was made (this process's monotonic clock).
+    claimed_at: float
+
+    @classmethod
+    def of(
+        cls,
+        recorder: StepRecorder,
+        name: str,
+        options: StepOptions,
+        payload: Any,
+        config: EngineConfig,
+    ) -> NewClaim:
+        claimer = recorder.claimer
+        assert claimer is not None
+        lease_ms = capped_lease_ms(config.lease_ms_for_queue(options.queue), options.timeout)
+        step = NewStep.of(recorder.run, name, StepKind.QUEUED, options, payload)
+        return cls(step, options, lease_ms, claimer.worker, time.monotonic())
+
+    def stored(self, recorder: StepRecorder, step_id: int, stored_input: Any) -> ClaimedStep:
+        """The claimed step once stored as ``step_id`` (its input as stored), added to
+        the pass's steps, which its run carries to the pass after it."""
+        row = WorkflowStep(id=step_id, **self.step.columns(), status=StepStatus.RUNNING, attempt=1)
         row.input = stored_input
         recorder.remember(row)
+        options = self.options
         return ClaimedStep(
             step_id=step_id,
-            run_id=run.id,
-            name=name,
+            run_id=recorder.run.id,
+            name=self.step.name,
             function=options.function,
             input=stored_input,  # as every later attempt reads it from the database
             attempt=1,
             transactional=options.transactional,
-            lease_ms=lease_ms,
+            lease_ms=self.lease_ms,
             queue=options.queue,
-            carried=CarriedRun(run, recorder.steps),
-            claimed_at=claimed_at,
+            carried=CarriedRun(recorder.run, recorder.steps),
+            claimed_at=self.claimed_at,
             timeout=options.timeout,
-            worker=claimer.worker,
+            worker=self.worker,
         )

@@ -4,6 +4,7 @@ steps that settle with a run (child steps, sleeps, suspensions)."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,6 +17,7 @@ from pikku_django.workflows._branches import branch_settled
 from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows._run_waits import announce_run_end
+from pikku_django.workflows._values import Chained, StepDone, Wake
 from pikku_django.workflows.clock import Clock
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.store import WorkflowStore
@@ -93,32 +95,95 @@ class RunStates:
         self, run: WorkflowRun, status: str, *, output: Any = None, error: Any = None
     ) -> None:
         """End a running run (completed, failed) and settle the parent steps waiting on it."""
-        changed = self.store.finish_run(run.id, status, output, error, wake_at=self.clock.now())
-        announced = changed is not None  # the one statement announced it
-        if changed is None:
-            with self.store.atomic():
-                changed = bool(
-                    self.store.runs()
-                    .filter(id=run.id, status=RunStatus.RUNNING)
-                    .update(
-                        status=status,
-                        output=output,
-                        error=error,
-                        wake_at=None,
-                        updated_at=timezone.now(),
-                    )
+        changed, announced = self._end(run, status, output, error)
+        self._ended(run, status, error, changed=changed, announced=announced)
+
+    def finish_after(
+        self,
+        done: StepDone,
+        run: WorkflowRun,
+        status: str,
+        *,
+        output: Any = None,
+        error: Any = None,
+        pass_wake_at: datetime,
+    ) -> Chained | None:
+        """Record ``done`` (a step of ``run`` succeeded) and end the run as
+        :meth:`finish` does, together; None (and nothing written) when the attempt
+        was superseded. Where the end waits on a transaction of its own (a plain
+        parent step waits on the run), the run is due at ``pass_wake_at`` meanwhile."""
+        store = self.store
+        if store.chains_in_one_statement:
+            chained = store.settle_then_finish(
+                done,
+                run.id,
+                status,
+                output,
+                error,
+                wake_at=self.clock.now(),
+                pass_wake_at=pass_wake_at,
+            )
+            if chained is None:
+                return None
+            changed, announced = bool(chained.finished), chained.finished is not None
+            if chained.finished is None:
+                changed = self._end_in_transaction(run.id, status, output, error)
+        else:
+            with store.atomic():
+                settled = store.settle(
+                    done.step_id,
+                    done.attempt,
+                    StepStatus.SUCCEEDED,
+                    result=done.result,
+                    wake=Wake.PASS,
+                    wake_at=pass_wake_at,
                 )
-                if changed:
-                    self.settle_parents(run.id, status, output, error)
-        if changed:
-            if not announced:
-                announce_run_end(self.store.using, run.id, notifying=self.store.notifying)
-            with log_context(workflow=run.workflow, run_id=str(run.id)):
-                if status == RunStatus.FAILED:
-                    logger.warning("Run failed: %s", describe_error(error))
-                else:
-                    logger.info("Run %s", status)
-            self.events.run_finished(run, status, error)
+                if settled is None:
+                    return None
+                changed, announced = self._end(run, status, output, error)
+            chained = Chained(settled.result, settled.run_status, settled.run_wakes)
+        self._ended(run, status, error, changed=changed, announced=announced)
+        return replace(chained, finished=changed)
+
+    def _end(self, run: WorkflowRun, status: str, output: Any, error: Any) -> tuple[bool, bool]:
+        """Write the end of a running run: whether it changed, and whether its end
+        was announced with it."""
+        changed = self.store.finish_run(run.id, status, output, error, wake_at=self.clock.now())
+        if changed is not None:  # the one statement announced it
+            return changed, True
+        return self._end_in_transaction(run.id, status, output, error), False
+
+    def _end_in_transaction(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool:
+        with self.store.atomic():
+            changed = bool(
+                self.store.runs()
+                .filter(id=run_id, status=RunStatus.RUNNING)
+                .update(
+                    status=status,
+                    output=output,
+                    error=error,
+                    wake_at=None,
+                    updated_at=timezone.now(),
+                )
+            )
+            if changed:
+                self.settle_parents(run_id, status, output, error)
+        return changed
+
+    def _ended(
+        self, run: WorkflowRun, status: str, error: Any, *, changed: bool, announced: bool
+    ) -> None:
+        """Announce, log and signal the end of ``run`` once written (if it changed)."""
+        if not changed:
+            return
+        if not announced:
+            announce_run_end(self.store.using, run.id, notifying=self.store.notifying)
+        with log_context(workflow=run.workflow, run_id=str(run.id)):
+            if status == RunStatus.FAILED:
+                logger.warning("Run failed: %s", describe_error(error))
+            else:
+                logger.info("Run %s", status)
+        self.events.run_finished(run, status, error)
 
     def settle_parents(self, child_id: uuid.UUID, status: str, output: Any, error: Any) -> None:
         """A child run ended: settle the parent steps waiting on it and wake their runs."""

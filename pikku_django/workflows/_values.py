@@ -182,6 +182,37 @@ class Settled:
 
 
 @dataclass(frozen=True)
+class StepDone:
+    """A step attempt's success, written together with what the pass after it does
+    (see :class:`~pikku_django.workflows.store.base.ChainedWrites`)."""
+
+    step_id: int
+    attempt: int
+    #: The result as the store will hold it (:meth:`ChainedWrites.json_as_stored`).
+    result: Any
+
+
+@dataclass(frozen=True)
+class Chained:
+    """What a write of a step's success with the pass after it did, once the success
+    was recorded (a superseded attempt records nothing, and is not described)."""
+
+    #: The result as stored.
+    result: Any
+    #: The run as the write's snapshot saw it.
+    run_status: str
+    run_wakes: int
+    #: Whether the pass ran on the result as stored (else its own writes were skipped,
+    #: and the run is due for another pass).
+    same: bool = True
+    #: The next step, stored claimed: its id and input as stored (None: not stored).
+    claimed: tuple[int, Any] | None = None
+    #: Whether the run ended (None: a plain parent step waits on it, so its end is
+    #: left to the caller, in a transaction).
+    finished: bool | None = False
+
+
+@dataclass(frozen=True)
 class NextDue:
     """When the earliest queued work falls due: a step lease lapses (``lapse_in_ms``
     from the store's clock), a retry or sleep is due, or a run wakes."""

@@ -26,6 +26,7 @@ from django.db.models import QuerySet
 
 from pikku_django.leases import HeldLease, LeaseService, hold_lease
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.workflows._after_step import AfterStep, PassAfterStep
 from pikku_django.workflows._claims import Claims
 from pikku_django.workflows._deadlines import RunDeadlines
 from pikku_django.workflows._events import RunEvents
@@ -113,6 +114,7 @@ class WorkflowEngine:
         self.execution = Execution(self._states, settings)
         self._inline_steps = InlineSteps(self._states, self._claims, self.execution)
         self._replay = Replay(self._inline_steps, settings, self.run_lease)
+        self._after_step = PassAfterStep(self._replay, self.execution.wake_at)
         self._driver = InlineDriver(
             self._claims, self.execution, self.orchestrate, self.get_run, self.run_lease
         )
@@ -293,6 +295,25 @@ class WorkflowEngine:
         this thread to pass next.
         """
         return self.execution.execute_step(claimed, wake=Wake.of(wake))
+
+    def execute_and_pass(
+        self, claimed: ClaimedStep, claimer: StepClaimer, held: HeldLease
+    ) -> tuple[StepOutcome, AfterStep | None]:
+        """Run a claimed queued step of a run this thread carries under ``held`` (its
+        run lease), and pass the run after its success with that success recorded
+        (the next step stored claimed by ``claimer``, or the run ended): how the step
+        ended, and what the pass after it did (None: not written; pass it as usual)."""
+        taken: list[AfterStep] = []
+
+        def then(result: Any) -> Settled | None:
+            after = self._after_step.run(claimed, result, claimer, held)
+            if after is None:
+                return None
+            taken.append(after)
+            return after.settled
+
+        outcome = self.execution.execute_step(claimed, wake=Wake.PASS, then=then)
+        return outcome, taken[0] if taken else None
 
     # -- finding work --------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -16,6 +16,7 @@ from django.db import connections
 from pikku_django._version import __version__
 from pikku_django.conf import pikku_settings
 from pikku_django.leases import HeldLease, LeaseTakenError, hold_lease
+from pikku_django.workflows._after_step import AfterStep
 from pikku_django.workflows._aio import AsyncSteps, is_async_step
 from pikku_django.workflows._connections import release_connections
 from pikku_django.workflows._execution import ends_run
@@ -374,8 +375,20 @@ class Worker:
                     if held is not None and (not chain or claimed.lease_ms < held.ttl_ms):
                         give_back(held)
                         held = None
-                    outcome = self._execute(claimed, wake=Wake.PASS if chain else Wake.NOW)
+                    if chain and held is not None and _passes_after(claimed):
+                        outcome, after = self._execute_and_pass(claimed, claimer, held)
+                    else:
+                        outcome, after = self._execute(claimed, wake=_wake(chain)), None
                     done += 1
+                    if after is not None:
+                        # Its success was written with the pass after it.
+                        self.passes += 1
+                        done += 1
+                        if after.claimed is not None:
+                            claimed = after.claimed
+                            continue
+                        if not after.replay:
+                            return done  # the run ended, or is woken for any worker
                     if not chain or outcome not in (StepOutcome.SUCCEEDED, StepOutcome.FAILED):
                         return done
                     if outcome is StepOutcome.SUCCEEDED and ends_run(claimed):
@@ -411,17 +424,34 @@ class Worker:
                 give_back(held)
 
     def _execute(self, claimed: ClaimedStep, *, wake: Wake) -> StepOutcome:
+        return self._counted(claimed, lambda: (self.engine.execute_step(claimed, wake=wake), None))[
+            0
+        ]
+
+    def _execute_and_pass(
+        self, claimed: ClaimedStep, claimer: StepClaimer, held: HeldLease
+    ) -> tuple[StepOutcome, AfterStep | None]:
+        """Run a step of a run this thread carries, with the pass after it (see
+        :meth:`WorkflowEngine.execute_and_pass`)."""
+        return self._counted(claimed, lambda: self.engine.execute_and_pass(claimed, claimer, held))
+
+    def _counted(
+        self,
+        claimed: ClaimedStep,
+        execute: Callable[[], tuple[StepOutcome, AfterStep | None]],
+    ) -> tuple[StepOutcome, AfterStep | None]:
+        """``execute`` the claimed step, counted and with its lease kept meanwhile."""
         self._began(claimed)
-        outcome = StepOutcome.FAILED
+        outcome, after = StepOutcome.FAILED, None
         try:
             with (
                 log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt),
                 keep_step_lease(self.engine, claimed),
             ):
-                outcome = self.engine.execute_step(claimed, wake=wake)
+                outcome, after = execute()
         finally:
             self._ended(claimed, outcome)
-        return outcome
+        return outcome, after
 
     def _began(self, claimed: ClaimedStep) -> None:
         with self._lock:
@@ -486,6 +516,23 @@ class Worker:
         """Work was announced (or the listener reconnected): one idle thread looks."""
         self.cadence.busy()
         self._waits.wake_one()
+
+
+def _wake(chain: bool) -> Wake:
+    """What a step's success does to its run: left for this thread's next pass while
+    it carries the run on, else woken for any worker."""
+    return Wake.PASS if chain else Wake.NOW
+
+
+def _passes_after(claimed: ClaimedStep) -> bool:
+    """Whether the pass after ``claimed`` may be written with its success: it runs in
+    this thread, is carried, and neither commits writes of its own nor ends its run."""
+    return (
+        claimed.carried is not None
+        and not claimed.transactional
+        and not is_async_step(claimed)
+        and not ends_run(claimed)
+    )
 
 
 #: The progress counter each outcome of a claimed step adds to.

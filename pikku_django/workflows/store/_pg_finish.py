@@ -19,11 +19,17 @@ def _q(name: str) -> str:
 
 
 @functools.cache
-def finish_run_sql() -> str:
+def finish_run_sql(after_step: bool = False) -> str:
     """Parameters: child id, status, output, error, updated at, child id, step status,
     step result, step error, failed, updated at, finished at, updated at, wake at,
     updated at, failed, channel, the run-end channel, whether to announce the end there.
-    Returns (changed, a plain parent waits, ...): the end is announced with the change."""
+    Returns (changed, a plain parent waits, ...): the end is announced with the change.
+
+    ``after_step``: the run's step success first (:func:`step_done_ctes`, its
+    parameters before these), the end only if it was recorded, and where a plain
+    parent waits, the run due at a time given after "wake at" and its updated at
+    (parameters: pass wake at, updated at, run id); it returns the result as stored,
+    and the run's status and wakes as well."""
     runs, steps, atts = (_q(m._meta.db_table) for m in (WorkflowRun, WorkflowStep, StepAttempt))
 
     def r(name: str) -> str:
@@ -42,14 +48,16 @@ def finish_run_sql() -> str:
         ("step_id", "attempt", "status", "result", "error", "worker", "started_at", "finished_at"),
         _q,
     )
+    done = step_done_ctes() + ", " if after_step else ""
+    recorded = " AND EXISTS (SELECT 1 FROM done)" if after_step else ""
     return (
-        f"WITH p AS (SELECT {s('id')} AS id, {s('group')} AS grp FROM {steps} "
+        f"WITH {done}p AS (SELECT {s('id')} AS id, {s('group')} AS grp FROM {steps} "
         f"WHERE {s('child_run')} = %s AND {s('status')} = {step_running}), "
         f"plain AS (SELECT EXISTS (SELECT 1 FROM p WHERE grp IS NULL) AS waiting), "
         f"r AS (UPDATE {runs} SET {r('status')} = %s, {r('output')} = %s::jsonb, "
         f"{r('error')} = %s::jsonb, {r('wake_at')} = NULL, {r('updated_at')} = %s "
         f"WHERE {r('id')} = %s AND {r('status')} = {running} "
-        f"AND NOT (SELECT waiting FROM plain) RETURNING {r('id')}), "
+        f"AND NOT (SELECT waiting FROM plain){recorded} RETURNING {r('id')}), "
         f"s AS (UPDATE {steps} SET {s('status')} = %s, {s('result')} = %s::jsonb, "
         f"{s('error')} = %s::jsonb, {s('attempt')} = GREATEST({s('attempt')}, 1), "
         f"{s('lease_expires_at')} = NULL, "
@@ -71,8 +79,46 @@ def finish_run_sql() -> str:
         f"w AS (UPDATE {runs} SET {r('wake_at')} = %s, {r('wakes')} = {r('wakes')} + 1, "
         f"{r('updated_at')} = %s WHERE {r('id')} IN (SELECT run_id FROM s) "
         f"AND {r('status')} = {running} "
-        f"AND EXISTS (SELECT 1 FROM g WHERE open <= 0 OR %s) RETURNING 1) "
-        f"SELECT EXISTS (SELECT 1 FROM r), (SELECT waiting FROM plain), "
+        f"AND EXISTS (SELECT 1 FROM g WHERE open <= 0 OR %s) RETURNING 1)"
+        + (
+            f", rp AS (UPDATE {runs} SET {r('wake_at')} = %s, {r('updated_at')} = %s "
+            f"WHERE {r('id')} = %s AND {r('status')} = {running} "
+            f"AND (SELECT waiting FROM plain){recorded}) "
+            if after_step
+            else " "
+        )
+        + f"SELECT EXISTS (SELECT 1 FROM r), (SELECT waiting FROM plain), "
         f"(SELECT count(pg_notify(%s, '')) FROM w), "
         f"(SELECT count(pg_notify(%s, r.{r('id')}::text)) FROM r WHERE %s)"
+        + (
+            f", done.result, run.{r('status')}, run.{r('wakes')} FROM done "
+            f"JOIN {runs} run ON run.{r('id')} = done.run_id"
+            if after_step
+            else ""
+        )
+    )
+
+
+@functools.cache
+def step_done_ctes() -> str:
+    """``done`` and ``done_a``: a step attempt's success (``done`` returns the step's
+    run and its result as text). Parameters: succeeded, updated at, result, step id,
+    attempt, running; succeeded, finished at, result, step id, attempt."""
+    steps, atts = (_q(m._meta.db_table) for m in (WorkflowStep, StepAttempt))
+
+    def s(name: str) -> str:
+        return columns(WorkflowStep, (name,), _q)
+
+    def a(name: str) -> str:
+        return columns(StepAttempt, (name,), _q)
+
+    return (
+        f"done AS (UPDATE {steps} SET {s('status')} = %s, {s('lease_expires_at')} = NULL, "
+        f"{s('updated_at')} = %s, {s('result')} = %s::jsonb, {s('error')} = NULL, "
+        f"{s('available_at')} = NULL "
+        f"WHERE {s('id')} = %s AND {s('attempt')} = %s AND {s('status')} = %s "
+        f"RETURNING {s('run_id')} AS run_id, {s('result')}::text AS result), "
+        f"done_a AS (UPDATE {atts} SET {a('status')} = %s, {a('finished_at')} = %s, "
+        f"{a('result')} = %s::jsonb, {a('error')} = NULL "
+        f"WHERE {a('step_id')} = %s AND {a('attempt')} = %s AND EXISTS (SELECT 1 FROM done))"
     )

@@ -40,6 +40,33 @@ def _c(model: type[Any], name: str) -> str:
 #: Tables and the columns the statements use, by their model names.
 RUNS, STEPS, ATTEMPTS = _t(WorkflowRun), _t(WorkflowStep), _t(StepAttempt)
 
+#: The columns of a new step, as :class:`NewStep` names them.
+NEW_STEP_FIELDS = (
+    "run_id",
+    "name",
+    "kind",
+    "function",
+    "input",
+    "retries",
+    "retry_delay",
+    "backoff",
+    "queue",
+    "transactional",
+    "priority",
+    "timeout",
+)
+#: Then the columns every insert of a step writes after those.
+STEP_STATE_FIELDS = (
+    "status",
+    "result",
+    "error",
+    "attempt",
+    "available_at",
+    "lease_expires_at",
+    "created_at",
+    "updated_at",
+)
+
 
 def _ready_branches() -> list[tuple[str, str]]:
     """The one rule of a ready step, as SQL: each branch's condition (the first two

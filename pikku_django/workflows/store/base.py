@@ -20,7 +20,15 @@ from django.db.models import QuerySet
 
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
 from pikku_django.workflows._run_options import RunOptions
-from pikku_django.workflows._values import DueRun, NewStep, NextDue, Settled, Wake
+from pikku_django.workflows._values import (
+    Chained,
+    DueRun,
+    NewStep,
+    NextDue,
+    Settled,
+    StepDone,
+    Wake,
+)
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.queues import Rate
 
@@ -128,7 +136,51 @@ class FreshClaims:
         return None
 
 
-class WorkflowStore(FreshClaims, abc.ABC):
+class ChainedWrites:
+    """A step's success written in one statement with what the pass after it does
+    (claim the next step, or end the run), where the store has such statements; by
+    default it has none, and its callers write both in one transaction."""
+
+    #: Whether :meth:`settle_then_claim` and :meth:`settle_then_finish` are statements.
+    chains_in_one_statement = False
+
+    def json_as_stored(self, value: Any) -> Any:
+        """``value`` (read back from JSON) as a read of a JSON column returns it."""
+        return value
+
+    def settle_then_claim(
+        self,
+        done: StepDone,
+        step: NewStep,
+        *,
+        lease_ms: int,
+        worker: str,
+        park_wakes: int,
+        pass_wake_at: datetime,
+    ) -> Chained | None:
+        """Record ``done`` and, if its result was stored as given, store ``step``
+        claimed by ``worker`` as :meth:`WorkflowStore.insert_claimed` does; else the
+        run falls due at ``pass_wake_at``. None when the attempt was superseded."""
+        raise NotImplementedError
+
+    def settle_then_finish(
+        self,
+        done: StepDone,
+        run_id: uuid.UUID,
+        status: str,
+        output: Any,
+        error: Any,
+        *,
+        wake_at: datetime,
+        pass_wake_at: datetime,
+    ) -> Chained | None:
+        """Record ``done`` and end its run as :meth:`WorkflowStore.finish_run` does;
+        where a plain parent step waits on the run, the run falls due at
+        ``pass_wake_at`` instead (``finished`` None). None when superseded."""
+        raise NotImplementedError
+
+
+class WorkflowStore(FreshClaims, ChainedWrites, abc.ABC):
     """The workflow tables' operations on one database (``using``)."""
 
     vendor: str = ""

@@ -17,7 +17,6 @@ from typing import Any
 from django.db import connections
 from django.utils import timezone
 
-from pikku_django.dbclock import POSTGRESQL_NOW_MS
 from pikku_django.models import (
     RunStatus,
     StepAttempt,
@@ -28,11 +27,18 @@ from pikku_django.models import (
 from pikku_django.prepared import fetch, fetch_one
 from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._values import DueRun, NewStep, Settled, Wake
+from pikku_django.workflows.store._pg_chained import (
+    PostgresChainedWrites,
+    claimed_params,
+    insert_claimed_sql,
+)
 from pikku_django.workflows.store._pg_finish import finish_run_sql
 from pikku_django.workflows.store._pg_fresh import PostgresFreshClaims, queue_locks
 from pikku_django.workflows.store._pg_sql import (
     ATTEMPTS,
+    NEW_STEP_FIELDS,
     RUNS,
+    STEP_STATE_FIELDS,
     STEPS,
     _all_columns,
     _c,
@@ -51,32 +57,6 @@ from pikku_django.workflows.store.base import (
 )
 from pikku_django.workflows.store.orm import OrmStore
 
-#: The columns of a new step, as :class:`NewStep` names them.
-NEW_STEP_FIELDS = (
-    "run_id",
-    "name",
-    "kind",
-    "function",
-    "input",
-    "retries",
-    "retry_delay",
-    "backoff",
-    "queue",
-    "transactional",
-    "priority",
-    "timeout",
-)
-#: Then the columns every insert of a step writes after those.
-STEP_STATE_FIELDS = (
-    "status",
-    "result",
-    "error",
-    "attempt",
-    "available_at",
-    "lease_expires_at",
-    "created_at",
-    "updated_at",
-)
 RUN_FIELDS = ("id", "workflow", "status", "input", "output", "error", "suspend_reason")
 RUN_FIELDS_REST = ("inline", "idempotency_key", "wake_at", "wakes", "created_at", "updated_at")
 RUN_OPTION_FIELDS = ("priority", "queue", "start_at", "deadline_at")
@@ -127,18 +107,6 @@ def _statements() -> dict[str, str]:
             f"SELECT id, 1, %s, result, %s::jsonb, %s, %s, %s FROM s "
             f"RETURNING {a('step_id')}, {a('result')}::text"
         ),
-        "insert_claimed": (
-            f"WITH s AS (INSERT INTO {STEPS} ({new_cols}) "
-            f"SELECT {new_vals}, %s, NULL, NULL, 1, NULL, {POSTGRESQL_NOW_MS} + %s, %s, %s "
-            f"WHERE {run_is_running} {conflict} RETURNING {s('id')} AS id, {s('input')} AS input), "
-            f"a AS (INSERT INTO {ATTEMPTS} "
-            f"({columns(att, ('step_id', 'attempt', 'status', 'worker', 'started_at'), _q)}) "
-            f"SELECT id, 1, %s, %s, %s FROM s), "
-            f"r AS (UPDATE {RUNS} SET {r('wake_at')} = NULL, {r('updated_at')} = %s "
-            f"WHERE {r('id')} = %s AND {r('status')} = %s AND {r('wakes')} = %s "
-            f"AND {r('wake_at')} IS NOT NULL AND EXISTS (SELECT 1 FROM s)) "
-            f"SELECT id, input::text FROM s"
-        ),
         "settle": (
             f"WITH s AS (UPDATE {STEPS} SET {s('status')} = %s, {s('lease_expires_at')} = NULL, "
             f"{s('updated_at')} = %s, {s('result')} = %s::jsonb, {s('error')} = %s::jsonb, "
@@ -188,7 +156,7 @@ def _statements() -> dict[str, str]:
     }
 
 
-class PostgresStore(PostgresFreshClaims, OrmStore):
+class PostgresStore(PostgresChainedWrites, PostgresFreshClaims, OrmStore):
     """PostgreSQL: the hot path as single statements, and LISTEN/NOTIFY."""
 
     vendor = "postgresql"
@@ -305,24 +273,8 @@ class PostgresStore(PostgresFreshClaims, OrmStore):
     def insert_claimed(
         self, step: NewStep, *, lease_ms: int, worker: str, park_wakes: int
     ) -> tuple[int, Any] | None:
-        now = timezone.now()
-        params = [
-            *self._step_params(step),
-            StepStatus.RUNNING,
-            int(lease_ms),
-            now,
-            now,
-            step.run_id,
-            RunStatus.RUNNING,
-            StepStatus.RUNNING,
-            worker[:255],
-            now,
-            now,
-            step.run_id,
-            RunStatus.RUNNING,
-            park_wakes,
-        ]
-        row = fetch_one(self.using, self._sql("insert_claimed"), params)
+        params = claimed_params(step, lease_ms, worker, park_wakes, timezone.now())
+        row = fetch_one(self.using, insert_claimed_sql(), params)
         return None if row is None else (row[0], _loads(row[1]))
 
     def settle(
