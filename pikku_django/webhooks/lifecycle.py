@@ -109,8 +109,8 @@ def _context(source: WebhookSource, row: TriggerSource) -> ProviderContext:
 
 
 def _record(row: TriggerSource, status: str, detail: str = "", state: Any = ...) -> Outcome:
-    """Store a step's status and detail (a provider's error text, NUL and all, made
-    storable on every database)."""
+    """Record a source's status and detail; the detail may quote a provider's error, so
+    a NUL character in it is stored as U+FFFD (see ``storable_text``)."""
     detail = storable_text(detail)
     row.status = status
     row.detail = detail
