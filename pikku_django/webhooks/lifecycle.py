@@ -21,6 +21,7 @@ from django.db import transaction
 from pikku_django.models import TriggerSource
 from pikku_django.webhooks.credentials import credential_values, set_credential
 from pikku_django.webhooks.sources import ProviderContext, WebhookSource, get_source, sources
+from pikku_django.workflows.errors import storable_text
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,9 @@ def _context(source: WebhookSource, row: TriggerSource) -> ProviderContext:
 
 
 def _record(row: TriggerSource, status: str, detail: str = "", state: Any = ...) -> Outcome:
+    """Record a source's status and detail; the detail may quote a provider's error, so
+    a NUL character in it is stored as U+FFFD (see ``storable_text``)."""
+    detail = storable_text(detail)
     row.status = status
     row.detail = detail
     fields = ["status", "detail", "updated_at"]

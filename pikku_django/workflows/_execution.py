@@ -32,6 +32,7 @@ from pikku_django.workflows.errors import (
     StepFunctionNotFoundError,
     WorkflowStepSupersededError,
     serialize_error,
+    storable_error,
 )
 from pikku_django.workflows.logcontext import Lazy, log_context, workflow_logger
 
@@ -99,7 +100,11 @@ class Execution:
     ) -> bool:
         """Record that ``attempt`` failed; True if no attempt is left. ``wake`` applies
         once no attempt is left. WorkflowStepSupersededError if the attempt was replaced."""
-        data = serialize_error(error) if isinstance(error, BaseException) else dict(error)
+        data = (
+            serialize_error(error)
+            if isinstance(error, BaseException)
+            else storable_error(dict(error))
+        )
         step = (
             self.store.steps().filter(id=step_id).only("retries", "retry_delay", "backoff").first()
         )

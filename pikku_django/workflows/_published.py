@@ -31,10 +31,10 @@ PROGRESS = "progress"
 
 def set_event(ctx: StepCalls, name: str, value: Any) -> None:
     """``ctx.set_event``: publish ``value`` under ``name`` (once per call site)."""
-    if not isinstance(name, str) or not name or len(name) > 200 or "#" in name:
+    if not isinstance(name, str) or not name or len(name) > 200 or "#" in name or "\x00" in name:
         raise WorkflowDefinitionError(
             f"A published value's name is a non-empty str of at most 200 characters "
-            f"without '#', not {name!r}"
+            f"without '#' or NUL, not {name!r}"
         )
     step_name = ctx._step_name(PUBLISH_PREFIX + name, internal=True)
     if ctx._existing(step_name, StepKind.PUBLISH, name) is not None:

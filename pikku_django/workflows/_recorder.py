@@ -267,12 +267,16 @@ class StepRecorder:
     def start_suspension(
         self, name: str, reason: str, timeout: float | None = None
     ) -> WorkflowStep:
-        """Store a suspension; with ``timeout`` it times out (available_at) that late."""
+        """Store a suspension; with ``timeout`` it times out (available_at) that late.
+        NotSerializableError, as for a step's input, if ``reason`` holds a NUL."""
+        given: dict[str, Any] = {"reason": reason}
+        if timeout is not None:
+            given["timeout"] = timeout
         step = self.inline.create(
             self.run,
             name=name,
             kind=StepKind.SUSPEND,
-            input={"reason": reason} if timeout is None else {"reason": reason, "timeout": timeout},
+            input=to_json(given, f"The reason of suspension {name!r}"),
             status=StepStatus.SUSPENDED,
             retries=0,
             timeout=timeout,

@@ -19,6 +19,7 @@ from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows._run_waits import announce_run_end
 from pikku_django.workflows._values import Chained, StepDone, Wake
 from pikku_django.workflows.clock import Clock
+from pikku_django.workflows.errors import storable_text
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.store import WorkflowStore
 
@@ -199,6 +200,8 @@ class RunStates:
                 self.wake(step.run_id)
 
     def suspend(self, run: WorkflowRun, reason: str) -> None:
+        """Suspend a running run with ``reason`` (made storable: it may quote an error)."""
+        reason = storable_text(reason)
         changed = (
             self.store.runs()
             .filter(id=run.id, status=RunStatus.RUNNING)

@@ -89,9 +89,10 @@ class RunKey:
 
 
 def check_event_name(name: object) -> str:
-    if not isinstance(name, str) or not name or len(name) > 200 or "#" in name:
+    if not isinstance(name, str) or not name or len(name) > 200 or "#" in name or "\x00" in name:
         raise WorkflowDefinitionError(
-            f"An event name is a non-empty str of at most 200 characters without '#', not {name!r}"
+            f"An event name is a non-empty str of at most 200 characters without '#' or NUL, "
+            f"not {name!r}"
         )
     return name
 
@@ -99,8 +100,10 @@ def check_event_name(name: object) -> str:
 def check_event_id(event_id: object) -> str:
     if event_id is None:
         return uuid.uuid4().hex
-    if not isinstance(event_id, str) or not 0 < len(event_id) <= 255:
-        raise ValueError(f"event_id must be a str of 1 to 255 characters, not {event_id!r}")
+    if not isinstance(event_id, str) or not 0 < len(event_id) <= 255 or "\x00" in event_id:
+        raise ValueError(
+            f"event_id must be a str of 1 to 255 characters without NUL, not {event_id!r}"
+        )
     return event_id
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -21,7 +22,8 @@ from pikku_django.workflows.errors import NotSerializableError
 
 def to_json(value: Any, what: str) -> Any:
     """``value`` as it will read back from the database; NotSerializableError if it is
-    not JSON, or holds a NUL character (which PostgreSQL cannot store in JSON)."""
+    not JSON, or holds a NUL character or a lone surrogate (which PostgreSQL, and for
+    surrogates MariaDB, cannot store in JSON), on every database alike."""
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -29,21 +31,33 @@ def to_json(value: Any, what: str) -> Any:
             f"{what} is not JSON-serialisable ({exc}); return plain dicts, lists, str, "
             f"int, float, bool or None"
         ) from exc
-    if "\\u0000" in text and _has_nul(value):
+    if "\\u0000" in text and _holds(value, "\x00"):
         raise NotSerializableError(
             f"{what} holds a NUL character (\\x00), which not every database stores; "
             "remove it or encode the value (e.g. base64)"
         )
+    # json.dumps writes a surrogate as \udXXX (and a character past U+FFFF as a pair).
+    if "\\ud" in text and _holds(value, SURROGATES):
+        raise NotSerializableError(
+            f"{what} holds a surrogate (\\ud800-\\udfff, e.g. from bytes decoded with "
+            "'surrogateescape'), which not every database stores; decode it properly or "
+            "encode the value (e.g. base64)"
+        )
     return json.loads(text)
 
 
-def _has_nul(value: Any) -> bool:
+#: The UTF-16 surrogates: a str holding one is not text any database stores.
+SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _holds(value: Any, bad: str | re.Pattern[str]) -> bool:
+    """Whether a str in ``value`` (keys too) holds ``bad``."""
     if isinstance(value, str):
-        return "\x00" in value
+        return bad in value if isinstance(bad, str) else bad.search(value) is not None
     if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+        return any(_holds(k, bad) or _holds(v, bad) for k, v in value.items())
     if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
+        return any(_holds(v, bad) for v in value)
     return False
 
 

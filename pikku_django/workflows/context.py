@@ -52,8 +52,10 @@ class WorkflowContext:
         if self._groups and not branch:
             for group in self._groups:
                 group.flush()
-        if not isinstance(name, str) or not name:
-            raise WorkflowDefinitionError(f"A step name must be a non-empty str, got {name!r}")
+        if not isinstance(name, str) or not name or "\x00" in name:
+            raise WorkflowDefinitionError(
+                f"A step name must be a non-empty str without NUL characters, got {name!r}"
+            )
         if "#" in name and not internal:
             raise WorkflowDefinitionError(
                 f"Step name {name!r} may not contain '#': repeats are numbered name#1, name#2"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import traceback
 from typing import Any
 
@@ -133,20 +134,61 @@ class SuspendTimeoutError(WorkflowError):
         self.timeout = timeout
 
 
+#: What a character no database stores in text is stored as: U+FFFD, the Unicode
+#: replacement character (one character for one, so the rest of the text is as it was).
+STORED_STAND_IN = "\ufffd"
+
+#: NUL, which PostgreSQL refuses in text and JSON, and the UTF-16 surrogates, which
+#: are not text at all (a lone one comes from undecodable bytes, e.g. a file name
+#: decoded with ``surrogateescape``): PostgreSQL and MariaDB refuse them in JSON.
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """``text`` with each NUL character and each surrogate replaced by U+FFFD
+    (:data:`STORED_STAND_IN`), so every database stores it; other text is kept."""
+    return UNSTORABLE.sub(STORED_STAND_IN, text)
+
+
+def storable_error(error: Any) -> Any:
+    """A stored error (its dict, or any JSON value) with every str in it, keys too,
+    made :func:`storable_text`."""
+    if isinstance(error, str):
+        return storable_text(error)
+    if isinstance(error, dict):
+        return {storable_error(k): storable_error(v) for k, v in error.items()}
+    if isinstance(error, list | tuple):
+        return [storable_error(v) for v in error]
+    return error
+
+
 def serialize_error(exc: BaseException) -> dict[str, Any]:
-    """An exception as stored: type, message, traceback, and a code when it has one."""
+    """An exception as stored: type, message, traceback (its notes and the exceptions
+    it was raised from or during included), and a code when it has one.
+
+    Every text is :func:`storable_text`: a NUL character or a surrogate in it is
+    stored as U+FFFD, the same on every database.
+    """
     cls = type(exc)
     data: dict[str, Any] = {
         "type": cls.__name__
         if cls.__module__ == "builtins"
         else f"{cls.__module__}.{cls.__qualname__}",
-        "message": str(exc),
+        "message": _message(exc),
         "traceback": "".join(traceback.format_exception(exc)),
     }
     code = getattr(exc, "code", None)
     if isinstance(code, str):
         data["code"] = code
-    return data
+    return {key: storable_text(value) for key, value in data.items()}
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, or what the traceback module shows when that raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return "<exception str() failed>"
 
 
 class UnknownPatchError(NonDeterministicWorkflowError):
