@@ -27,7 +27,7 @@ from pikku_django.models import (
     WorkflowStep,
 )
 from pikku_django.workflows import FakeClock, WorkflowEngine, step, workflow
-from pikku_django.workflows import worker as worker_module
+from pikku_django.workflows import _carrying as carrying_module
 from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.engine import StepClaimer
 from pikku_django.workflows.errors import StepFunctionNotFoundError
@@ -278,7 +278,7 @@ def test_a_worker_thread_carries_each_run_from_pass_to_pass(alias: str) -> None:
 def test_past_its_time_a_carried_run_goes_back_to_the_queue(
     alias: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker_module, "CHAIN_SECONDS", 0)
+    monkeypatch.setattr(carrying_module, "CHAIN_SECONDS", 0)
     engine = WorkflowEngine(alias)
     run = engine.start(three)
     worker = Worker(engine, concurrency=2, until_idle=True, poll_interval=0.05, idle_grace=0)

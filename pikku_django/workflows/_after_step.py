@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError
+from django.utils import timezone
 
 from pikku_django.leases import HeldLease, LeaseLostError
 from pikku_django.models import RunStatus, StepStatus, WorkflowRun
@@ -221,14 +222,7 @@ def settle_then_claim(
             pass_wake_at=pass_wake_at,
         )
     with store.atomic():
-        settled = store.settle(
-            done.step_id,
-            done.attempt,
-            StepStatus.SUCCEEDED,
-            result=done.result,
-            wake=Wake.PASS,
-            wake_at=pass_wake_at,
-        )
+        settled = store.settle(done.step_id, done.attempt, StepStatus.SUCCEEDED, result=done.result)
         if settled is None:
             return None
         same = _same_json(settled.result, done.result)
@@ -239,6 +233,10 @@ def settle_then_claim(
             if same
             else None
         )
+        if stored is None:  # the pass after the success is still owed
+            store.runs().filter(id=claim.step.run_id, status=RunStatus.RUNNING).update(
+                wake_at=pass_wake_at, updated_at=timezone.now()
+            )
     return Chained(settled.result, settled.run_status, settled.run_wakes, same, stored)
 
 

@@ -17,7 +17,7 @@ from pikku_django.workflows._branches import branch_settled
 from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows._run_waits import announce_run_end
-from pikku_django.workflows._values import Chained, StepDone, Wake
+from pikku_django.workflows._values import Chained, StepDone
 from pikku_django.workflows.clock import Clock
 from pikku_django.workflows.errors import storable_text
 from pikku_django.workflows.logcontext import log_context, workflow_logger
@@ -132,12 +132,7 @@ class RunStates:
         else:
             with store.atomic():
                 settled = store.settle(
-                    done.step_id,
-                    done.attempt,
-                    StepStatus.SUCCEEDED,
-                    result=done.result,
-                    wake=Wake.PASS,
-                    wake_at=pass_wake_at,
+                    done.step_id, done.attempt, StepStatus.SUCCEEDED, result=done.result
                 )
                 if settled is None:
                     return None

@@ -6,7 +6,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -16,30 +16,24 @@ from django.db import connections
 from pikku_django._version import __version__
 from pikku_django.conf import pikku_settings
 from pikku_django.leases import HeldLease, LeaseTakenError, hold_lease
-from pikku_django.workflows._after_step import AfterStep
-from pikku_django.workflows._aio import AsyncSteps, is_async_step
+from pikku_django.workflows._aio import AsyncSteps
+from pikku_django.workflows._carrying import CHAIN_SECONDS, RunCarrier
 from pikku_django.workflows._connections import release_connections
-from pikku_django.workflows._execution import ends_run
 from pikku_django.workflows._heartbeat import WorkerHeartbeats
 from pikku_django.workflows._idle import IdleThreads, PollCadence
 from pikku_django.workflows._intake_looks import IntakeLooks
 from pikku_django.workflows._listen import ChannelListener, work_listener
 from pikku_django.workflows._look_order import LookOrder
-from pikku_django.workflows._run_hold import give_back, take_run_lease, wake_owed
 from pikku_django.workflows._sweeps import pending_summary, wake_stalled_runs
-from pikku_django.workflows._values import DueRun, StepOutcome, Wake
-from pikku_django.workflows.engine import CarriedRun, ClaimedStep, StepClaimer, WorkflowEngine
+from pikku_django.workflows._values import StepOutcome
+from pikku_django.workflows._worker_tally import WorkerTally
+from pikku_django.workflows.engine import ClaimedStep, StepClaimer, WorkflowEngine
 from pikku_django.workflows.intake import intakes
-from pikku_django.workflows.logcontext import log_context, workflow_logger
-from pikku_django.workflows.step_lease import keep_step_lease
+from pikku_django.workflows.logcontext import workflow_logger
 
 logger = workflow_logger(__name__)
 
 __all__ = ["Worker", "wake_stalled_runs"]
-
-#: How long a thread carries one run on, step after step, before it hands the run
-#: back to the queue (one long run must not keep a thread from the others).
-CHAIN_SECONDS = 0.25
 
 
 class Worker:
@@ -86,15 +80,9 @@ class Worker:
         #: Per thread: whether it looks for due runs or ready steps first.
         self._look = LookOrder(CHAIN_SECONDS)
         self._idle: set[int] = set()
-        self._in_flight: dict[int, ClaimedStep] = {}
         self._lock = threading.Lock()
-        self.passes = 0
-        self.steps = 0
-        self.errors = 0
-        #: Progress counters: claimed steps, and how each claimed step ended.
-        self.counts = dict.fromkeys(
-            ("claimed", "finished", "failed", "retried", "recovered", "superseded"), 0
-        )
+        #: The steps it holds, and what it has done.
+        self.tally = WorkerTally()
         self.progress_interval = float(pikku_settings.WORKER_PROGRESS_INTERVAL)
         self._listener: ChannelListener | None = None
         config = engine.config
@@ -117,9 +105,30 @@ class Worker:
         self.async_steps = AsyncSteps(
             engine,
             limit=int(pikku_settings.ASYNC_CONCURRENCY),
-            on_start=self._began,
+            on_start=self.tally.began,
             on_done=self._async_done,
         )
+        self._carrier = RunCarrier(engine, self.tally, self.async_steps, self.stopping)
+
+    @property
+    def passes(self) -> int:
+        """Orchestration passes made so far."""
+        return self.tally.passes
+
+    @property
+    def steps(self) -> int:
+        """Claimed steps ended so far."""
+        return self.tally.steps
+
+    @property
+    def errors(self) -> int:
+        """Errors that ended a thread's unit of work so far."""
+        return self.tally.errors
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Claimed steps, and how each claimed step ended."""
+        return self.tally.counts
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -190,15 +199,12 @@ class Worker:
 
     def in_flight(self) -> int:
         """How many steps this worker holds right now."""
-        with self._lock:
-            return len(self._in_flight)
+        return len(self.tally.in_flight())
 
     def hand_back(self) -> int:
         """Give up the steps in flight (their leases lapse now, fenced by attempt)."""
-        with self._lock:
-            in_flight = list(self._in_flight.values())
         handed = 0
-        for claimed in in_flight:
+        for claimed in self.tally.in_flight():
             try:
                 if self.engine.refresh_step_lease(claimed.step_id, -1, claimed.attempt):
                     handed += 1
@@ -225,7 +231,7 @@ class Worker:
             if lease is None:
                 return 0
             woken = wake_stalled_runs(self.engine, self.stalled_after)
-            self._count("recovered", woken)
+            self.tally.count("recovered", woken)
             return woken
         except Exception:
             logger.exception(
@@ -235,25 +241,8 @@ class Worker:
         finally:
             connections.close_all()
 
-    def _count(self, what: str, n: int = 1) -> None:
-        with self._lock:
-            self.counts[what] += n
-
     def _report(self) -> None:
-        c = self.counts
-        logger.info(
-            "pikku_worker %s progress: %d passes; steps claimed %d, finished %d, failed %d, "
-            "retried %d, recovered %d, superseded %d; %d errors",
-            self.name,
-            self.passes,
-            c["claimed"],
-            c["finished"],
-            c["failed"],
-            c["retried"],
-            c["recovered"],
-            c["superseded"],
-            self.errors,
-        )
+        logger.info("pikku_worker %s progress: %s", self.name, self.tally.progress())
 
     @contextmanager
     def _single_sqlite_worker(self) -> Iterator[HeldLease | None]:
@@ -288,7 +277,7 @@ class Worker:
                     # delay the run a notification woke this thread for.
                     done = self._one_unit() + self._start_waiting_runs()
                 except Exception:
-                    self.errors += 1
+                    self.tally.failed_unit()
                     logger.exception("pikku_worker thread %d hit an error; continuing", index)
                     done = 0
                     self.stopping.wait(min(self.poll_interval, 1.0))
@@ -327,148 +316,18 @@ class Worker:
     def _due_runs(self, claimer: StepClaimer) -> int:
         """Claim a due run and carry it on: how many passes and steps that was."""
         return sum(
-            self._carry(due.run.id, claimer, due=due) for due in self.engine.claim_due_run_rows(1)
+            self._carrier.carry(due.run.id, claimer, due=due)
+            for due in self.engine.claim_due_run_rows(1)
         )
 
     def _ready_steps(self, claimer: StepClaimer, busy: bool) -> int:
         """Claim a ready step and carry its run on: how many steps and passes that was."""
         found = self.engine.claim_due_steps(self.queues, 1, claimer.worker, busy=busy)
-        return sum(self._carry(claimed.run_id, claimer, claimed) for claimed in found)
-
-    def _carry(
-        self,
-        run_id: Any,
-        claimer: StepClaimer,
-        claimed: ClaimedStep | None = None,
-        due: DueRun | None = None,
-    ) -> int:
-        """Carry a run on in this thread: a pass (unless ``claimed`` is given first),
-        the step that pass claims, the pass after it, and so on, for up to
-        CHAIN_SECONDS; how many passes and steps that was.
-
-        The run's lease is held from the first pass to the last (unless a step's
-        claim is shorter than the run lease), so the passes in between cost no lease
-        round trips. Past the time limit, or when stopping, the last step settles
-        with the run woken for any worker, after the lease is given back.
-        ``due`` is the run as its claim read it, for the first pass.
-        """
-        done = 0
-        # Carrying off: every step settles with its run woken for any worker.
-        until = time.monotonic() + (CHAIN_SECONDS if self.engine.config.carry_runs else -1.0)
-        held: HeldLease | None = None
-        carried: CarriedRun | None = None
-        owed = False  # a step settled for this thread to pass its run next
-        try:
-            while True:
-                if claimed is not None and is_async_step(claimed):
-                    # Run on the event loop; its settle wakes the run for any worker.
-                    if held is not None:
-                        give_back(held)
-                        held = None
-                    self.async_steps.submit(claimed)
-                    return done + 1
-                if claimed is not None:
-                    chain = not self.stopping.is_set() and time.monotonic() < until
-                    # Held across the step only when the step's claim outlives the run
-                    # lease: were this worker to die in the step, its run lease lapses
-                    # before anyone can take the step over, so nothing waits for it.
-                    if held is not None and (not chain or claimed.lease_ms < held.ttl_ms):
-                        give_back(held)
-                        held = None
-                    if chain and held is not None and _passes_after(claimed):
-                        outcome, after = self._execute_and_pass(claimed, claimer, held)
-                    else:
-                        outcome, after = self._execute(claimed, wake=_wake(chain)), None
-                    done += 1
-                    if after is not None:
-                        # Its success was written with the pass after it.
-                        self.passes += 1
-                        done += 1
-                        if after.claimed is not None:
-                            claimed = after.claimed
-                            continue
-                        if not after.replay:
-                            return done  # the run ended, or is woken for any worker
-                    if not chain or outcome not in (StepOutcome.SUCCEEDED, StepOutcome.FAILED):
-                        return done
-                    if outcome is StepOutcome.SUCCEEDED and ends_run(claimed):
-                        return done  # its settle ended the run (or woke it for a pass)
-                    owed = True
-                    # No other pass can have run meanwhile only if the lease was kept.
-                    kept = held is not None and outcome is StepOutcome.SUCCEEDED
-                    carried = claimed.carried if kept else None
-                if held is None:
-                    held = take_run_lease(self.engine, run_id)
-                    if held is None:
-                        return done
-                claimed = self.engine.orchestrate(
-                    run_id,
-                    claimer=None if self.stopping.is_set() else claimer,
-                    held=held,
-                    carried=carried,
-                    due=due,
-                )
-                owed, carried, due = False, None, None
-                self.passes += 1
-                done += 1
-                if claimed is None:
-                    return done
-        except Exception:
-            if owed:
-                # The pass this thread owed the run did not happen: nobody else was
-                # woken for it, so wake the run for any worker.
-                wake_owed(self.engine, run_id)
-            raise
-        finally:
-            if held is not None:
-                give_back(held)
-
-    def _execute(self, claimed: ClaimedStep, *, wake: Wake) -> StepOutcome:
-        return self._counted(claimed, lambda: (self.engine.execute_step(claimed, wake=wake), None))[
-            0
-        ]
-
-    def _execute_and_pass(
-        self, claimed: ClaimedStep, claimer: StepClaimer, held: HeldLease
-    ) -> tuple[StepOutcome, AfterStep | None]:
-        """Run a step of a run this thread carries, with the pass after it (see
-        :meth:`WorkflowEngine.execute_and_pass`)."""
-        return self._counted(claimed, lambda: self.engine.execute_and_pass(claimed, claimer, held))
-
-    def _counted(
-        self,
-        claimed: ClaimedStep,
-        execute: Callable[[], tuple[StepOutcome, AfterStep | None]],
-    ) -> tuple[StepOutcome, AfterStep | None]:
-        """``execute`` the claimed step, counted and with its lease kept meanwhile."""
-        self._began(claimed)
-        outcome, after = StepOutcome.FAILED, None
-        try:
-            with (
-                log_context(run_id=str(claimed.run_id), step=claimed.name, attempt=claimed.attempt),
-                keep_step_lease(self.engine, claimed),
-            ):
-                outcome, after = execute()
-        finally:
-            self._ended(claimed, outcome)
-        return outcome, after
-
-    def _began(self, claimed: ClaimedStep) -> None:
-        with self._lock:
-            self._in_flight[claimed.step_id] = claimed
-        self._count("claimed")
-        if claimed.reclaimed:
-            self._count("recovered")
-
-    def _ended(self, claimed: ClaimedStep, outcome: StepOutcome) -> None:
-        self._count(_COUNTED.get(outcome, "failed"))
-        with self._lock:
-            self._in_flight.pop(claimed.step_id, None)
-            self.steps += 1
+        return sum(self._carrier.carry(claimed.run_id, claimer, claimed) for claimed in found)
 
     def _async_done(self, claimed: ClaimedStep, outcome: StepOutcome) -> None:
         """An async step settled: count it, and wake the threads for its run's pass."""
-        self._ended(claimed, outcome)
+        self.tally.ended(claimed, outcome)
         self._wake_all()
 
     def _seconds_until_next_due(self) -> float:
@@ -516,28 +375,3 @@ class Worker:
         """Work was announced (or the listener reconnected): one idle thread looks."""
         self.cadence.busy()
         self._waits.wake_one()
-
-
-def _wake(chain: bool) -> Wake:
-    """What a step's success does to its run: left for this thread's next pass while
-    it carries the run on, else woken for any worker."""
-    return Wake.PASS if chain else Wake.NOW
-
-
-def _passes_after(claimed: ClaimedStep) -> bool:
-    """Whether the pass after ``claimed`` may be written with its success: it runs in
-    this thread, is carried, and neither commits writes of its own nor ends its run."""
-    return (
-        claimed.carried is not None
-        and not claimed.transactional
-        and not is_async_step(claimed)
-        and not ends_run(claimed)
-    )
-
-
-#: The progress counter each outcome of a claimed step adds to.
-_COUNTED = {
-    StepOutcome.SUCCEEDED: "finished",
-    StepOutcome.RETRYING: "retried",
-    StepOutcome.SUPERSEDED: "superseded",
-}
