@@ -1,5 +1,7 @@
 """With default settings, a run whose worker died anywhere falls due again within the
-run lease plus a few seconds: no five-minute sweep or pass timeout in the way."""
+run lease plus a few seconds: no five-minute sweep or pass timeout in the way.
+
+Here on a stepped clock; tests/test_crash_recovery_bounds.py kills worker processes."""
 
 from __future__ import annotations
 

@@ -27,6 +27,9 @@ PIKKU = {
     # A worker that passes only the workflow versions it carries (tests/test_deploy.py).
     "WORKFLOW_CARRIED_VERSIONS_ONLY": os.environ.get("PIKKU_TEST_CARRIED_ONLY") == "1",
 }
+# A marker file's path: the worker SIGKILLs itself after a step's settle, before the
+# pass it owes the run (tests/testapp/kills.py, tests/test_crash_recovery_bounds.py).
+PIKKU_TEST_KILL_AFTER_SETTLE = os.environ.get("PIKKU_TEST_KILL_AFTER_SETTLE", "")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -32,6 +32,10 @@ logger = workflow_logger(__name__)
 #: and fresh steps by priority) before it claims fresh steps.
 IN_ORDER_EVERY = 16
 
+#: Seconds past the run lease after which a run claimed for a pass falls due again,
+#: should the pass never end (its worker died mid-pass).
+PASS_RECOVERY_MARGIN = 5
+
 
 class Claims:
     """Decides whether a step is claimed, and makes the claim."""
@@ -172,7 +176,7 @@ class Claims:
         config = self.config
         # A pass holds the run lease: once it lapsed (the worker died mid-pass) the
         # run may be passed again, whatever the pass timeout.
-        timeout = min(config.run_pass_timeout, config.run_lease_ms / 1000 + 5)
+        timeout = min(config.run_pass_timeout, config.run_lease_ms / 1000 + PASS_RECOVERY_MARGIN)
         return self.store.claim_due_run_rows(now, now + timedelta(seconds=timeout), limit)
 
     def due_steps(

@@ -89,6 +89,19 @@ def blocked_pass(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
     return ctx.do("work", "testapp.slow", {"started": input["started"] + ".step", "seconds": 0})
 
 
+@step(name="testapp.whose")
+def whose(data: dict[str, Any]) -> dict[str, Any]:
+    """Which step this is, and the worker process that ran it."""
+    return {"i": data["i"], "pid": os.getpid()}
+
+
+@workflow(name="testapp.settle_then_pass")
+def settle_then_pass(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
+    """``steps`` quick steps, one after another (tests/test_crash_recovery_bounds.py
+    kills its worker between a step's settle and the pass after it)."""
+    return [ctx.do(f"s{i}", "testapp.whose", {"i": i}) for i in range(input["steps"])]
+
+
 # -- a deploy: the old and the new code of one workflow (tests/test_deploy.py) --------
 
 DEPLOYED = os.environ.get("PIKKU_TEST_DEPLOYED_CODE", "old")
