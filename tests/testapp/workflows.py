@@ -95,11 +95,21 @@ def whose(data: dict[str, Any]) -> dict[str, Any]:
     return {"i": data["i"], "pid": os.getpid()}
 
 
+def _seen(i: int) -> int:
+    return i
+
+
 @workflow(name="testapp.settle_then_pass")
 def settle_then_pass(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
     """``steps`` quick steps, one after another (tests/test_crash_recovery_bounds.py
-    kills its worker between a step's settle and the pass after it)."""
-    return [ctx.do(f"s{i}", "testapp.whose", {"i": i}) for i in range(input["steps"])]
+    kills its worker between a step's settle and the pass after it). An inline step
+    after each makes the pass after a step write before it stops, so the step's
+    success is recorded on its own, with the pass owed to its worker."""
+    results = []
+    for i in range(input["steps"]):
+        results.append(ctx.do(f"s{i}", "testapp.whose", {"i": i}))
+        ctx.do(f"seen{i}", _seen, i)
+    return results
 
 
 # -- a deploy: the old and the new code of one workflow (tests/test_deploy.py) --------
