@@ -1,4 +1,5 @@
-"""Every query the worker runs on a schedule is backed by an index on PostgreSQL.
+"""Every query the worker runs on a schedule, and pikku_prune's, is backed by an index
+on PostgreSQL.
 
 On tables holding a million bulk-loaded steps, each statement's plan (the generic
 plan a prepared statement settles on, and the custom plan) scans no runs or steps
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import timedelta
+from io import StringIO
+from itertools import islice
 from typing import Any
 
 import pytest
@@ -389,3 +392,154 @@ def test_the_fresh_claims_read_a_backlog_of_ready_steps_in_claim_order(
                 if node.get("Relation Name") in TABLES and read > 5:
                     problems.append(f"{name}: reads {read} rows of {node['Relation Name']}")
     assert problems == [], "\n".join(problems)
+
+
+OLD_SETTLED, OLD_SUSPENDED, PRUNE_BATCH = 2_000, 1_000, 500
+
+
+def _load_prunable(alias: str) -> None:
+    """Besides the recent runs of :func:`_load`: settled runs last changed 40 days ago
+    (steps, attempts and run leases too), suspended runs as old, and an old settled
+    child whose parent still runs. Every step has an attempt."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO pikku_workflow_run (id, workflow, status, input, output, error,
+                suspend_reason, inline, idempotency_key, wake_at, wakes, pass_errors,
+                created_at, updated_at)
+            SELECT gen_random_uuid(), 'old',
+                CASE WHEN g > %s THEN 'suspended'
+                     ELSE (ARRAY['completed', 'failed', 'cancelled'])[g %% 3 + 1] END,
+                NULL, NULL, NULL, '', false, NULL, NULL, 0, 0,
+                now() - interval '60 days', now() - interval '40 days'
+            FROM generate_series(1, %s) g
+            """,
+            [OLD_SETTLED, OLD_SETTLED + OLD_SUSPENDED],
+        )
+        cursor.execute(
+            """
+            INSERT INTO pikku_workflow_step (run_id, name, kind, function, input, status,
+                result, error, retries, retry_delay, backoff, attempt, child_run_id, queue,
+                transactional, created_at, updated_at)
+            SELECT r.id, 's' || n, 'queued', 'fn', NULL, 'succeeded', NULL, NULL, 5, 1,
+                'fixed', 1, NULL, 'default', false, r.created_at, r.updated_at
+            FROM pikku_workflow_run r CROSS JOIN generate_series(1, 5) n
+            WHERE r.workflow = 'old'
+            """
+        )
+        cursor.execute(
+            """
+            INSERT INTO pikku_workflow_step (run_id, name, kind, function, input, status,
+                result, error, retries, retry_delay, backoff, attempt, child_run_id, queue,
+                transactional, created_at, updated_at)
+            SELECT (SELECT id FROM pikku_workflow_run WHERE status = 'running' LIMIT 1),
+                'child', 'child', '', NULL, 'succeeded', NULL, NULL, 0, 0, 'fixed', 0,
+                (SELECT id FROM pikku_workflow_run WHERE workflow = 'old'
+                 AND status = 'completed' LIMIT 1), 'default', false, now(), now()
+            """
+        )
+        cursor.execute(
+            """
+            INSERT INTO pikku_step_attempt (step_id, attempt, status, result, error, worker,
+                started_at, finished_at)
+            SELECT id, 1, status, NULL, NULL, 'w', created_at, updated_at
+            FROM pikku_workflow_step
+            """
+        )
+        cursor.execute(
+            """
+            INSERT INTO pikku_lease (key, holder, token, expires_at)
+            SELECT 'workflow-run:' || id, 'w', 1, 0 FROM pikku_workflow_run
+            """
+        )
+        for table in (*TABLES, "pikku_lease"):
+            cursor.execute(f"ANALYZE {table}")
+
+
+def _count(alias: str, sql: str) -> int:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql)
+        return int(cursor.fetchone()[0])
+
+
+def _is_batch(sql: str) -> bool:
+    """Whether ``sql`` is pikku_prune's selection of a batch of runs."""
+    return sql.startswith('SELECT "pikku_workflow_run"."id"') and "LIMIT" in sql
+
+
+def _batch_problems(kind: str, plan: dict[str, Any]) -> list[str]:
+    nodes = list(_nodes(plan))
+    runs = [n.get("Index Name") for n in nodes if n.get("Relation Name") == "pikku_workflow_run"]
+    problems = [] if "pikku_run_settled" in runs else [f"a batch ({kind} plan) reads {runs}"]
+    if any(n["Node Type"] == "Sort" for n in nodes):
+        problems.append(f"a batch ({kind} plan) is sorted")
+    return problems
+
+
+def _batch_read(alias: str, sql: str, params: Any) -> tuple[int, int]:
+    """How many runs the batch selection ``sql`` selects, and how many it reads."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+        nodes = list(_nodes(_json(cursor.fetchone()[0])))
+    runs = [n for n in nodes if n.get("Relation Name") == "pikku_workflow_run"]
+    read = sum(
+        (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"] for n in runs
+    )
+    return nodes[0]["Actual Rows"], read
+
+
+@pytest.mark.parametrize("vendor", [pytest.param("postgres", marks=db_mark("postgres"))])
+def test_prune_reads_its_batches_off_an_index(vendor: str, alias: str) -> None:
+    """Among 100,000 recent runs, pikku_prune reads each batch of old settled runs off
+    pikku_run_settled (no sort, about a batch of rows read), and every statement it
+    runs, custom and generic plan, scans no runs, steps or attempts table sequentially
+    and stays below the JIT threshold. Steps, attempts and run leases go with the runs."""
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    _load(alias)
+    _load_prunable(alias)
+    before = _count(alias, "SELECT count(*) FROM pikku_workflow_run")
+    problems: list[str] = []
+    planned: set[str] = set()
+    reads: list[tuple[int, int]] = []
+    planning = False
+
+    def plan(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        nonlocal planning
+        if planning or many or "pikku_" not in sql:
+            return execute(sql, params, many, context)
+        planning = True
+        try:
+            if sql not in planned:
+                planned.add(sql)
+                # A dry run's count runs once per command, so it is never prepared:
+                # its custom plan is the one it gets. What runs per batch may be.
+                once = sql.startswith("SELECT COUNT(*)")
+                for kind, planned_as in islice(
+                    _plans(alias, sql, list(params or ())), 1 if once else 2
+                ):
+                    problems.extend(_check(sql[:60], kind, planned_as))
+                    if _is_batch(sql):
+                        problems.extend(_batch_problems(kind, planned_as))
+            if _is_batch(sql):
+                reads.append(_batch_read(alias, sql, params))
+        finally:
+            planning = False
+        return execute(sql, params, many, context)
+
+    pikku = {"WORKFLOW_DATABASE": alias, "LEASE_DATABASE": alias}
+    with override_settings(PIKKU=pikku), connections[alias].execute_wrapper(plan):
+        for extra in (["--dry-run"], ["--batch-size", str(PRUNE_BATCH)]):
+            prune = ["pikku_prune", "--older-than", "30d", "--database", alias, *extra]
+            call_command(*prune, stdout=StringIO())
+    # 1,999 runs to delete (one old child is kept): four batches, then none.
+    assert [selected for selected, _ in reads] == [500, 500, 500, 499, 0]
+    assert all(read <= selected + 10 for selected, read in reads), f"(selected, read): {reads}"
+    assert problems == [], "\n".join(problems)
+    # The old settled runs went (their steps and attempts by their foreign keys) with
+    # their run leases; the suspended runs and the child of a running run stayed.
+    assert _count(alias, "SELECT count(*) FROM pikku_workflow_run") == before - OLD_SETTLED + 1
+    kept = "SELECT count(*) FROM pikku_workflow_run WHERE workflow = 'old'"
+    assert _count(alias, kept) == OLD_SUSPENDED + 1
+    assert _count(alias, "SELECT count(*) FROM pikku_lease") == before - OLD_SETTLED + 1

@@ -20,8 +20,15 @@ from pikku_django.checks import (
     check_workflow_database,
     check_workflow_settings,
 )
-from pikku_django.models import StepAttempt, WebhookReceipt, WorkflowRun, WorkflowStep
+from pikku_django.models import (
+    StepAttempt,
+    WebhookReceipt,
+    WorkflowEvent,
+    WorkflowRun,
+    WorkflowStep,
+)
 from pikku_django.webhooks import credential_name, set_credential
+from tests.conftest import database_alias, on_databases
 from tests.factories import StepAttemptFactory, WorkflowRunFactory, WorkflowStepFactory
 
 
@@ -104,51 +111,67 @@ def test_unapplied_migrations_are_reported() -> None:
 # -- pikku_prune ------------------------------------------------------------------------
 
 
-def aged(run: WorkflowRun, days: int) -> WorkflowRun:
-    WorkflowRun.objects.filter(id=run.id).update(updated_at=timezone.now() - timedelta(days=days))
+def aged(run: WorkflowRun, days: int, alias: str = "default") -> WorkflowRun:
+    WorkflowRun.objects.using(alias).filter(id=run.id).update(
+        updated_at=timezone.now() - timedelta(days=days)
+    )
     return run
 
 
-@pytest.mark.django_db
-def test_prune_deletes_settled_old_runs_with_their_steps_and_receipts() -> None:
-    old_done = aged(WorkflowRunFactory(status="completed"), 40)
-    step = WorkflowStepFactory(run=old_done, status="succeeded")
-    StepAttemptFactory(step=step, status="succeeded")
-    old_failed = aged(WorkflowRunFactory(status="failed"), 40)
-    new_done = aged(WorkflowRunFactory(status="completed"), 5)
-    old_running = aged(WorkflowRunFactory(status="running"), 40)
-    old_suspended = aged(WorkflowRunFactory(status="suspended"), 40)
-    parent = WorkflowRunFactory(status="running")
-    child = aged(WorkflowRunFactory(status="completed"), 40)
-    WorkflowStepFactory(run=parent, kind="child", child_run=child, status="succeeded")
-    old_receipt = WebhookReceipt.objects.create(source="s", event="e", provider_id="1")
-    WebhookReceipt.objects.filter(pk=old_receipt.pk).update(
-        received_at=timezone.now() - timedelta(days=40)
-    )
-    WebhookReceipt.objects.create(source="s", event="e", provider_id="2")
+@on_databases("sqlite", "postgres", "mariadb")
+def test_prune_deletes_settled_old_runs_with_their_steps_and_receipts(vendor: str) -> None:
+    alias = database_alias(vendor)
+
+    def run(status: str, days: int | None = None) -> WorkflowRun:
+        made = WorkflowRunFactory(status=status, database=alias)
+        return made if days is None else aged(made, days, alias)
+
+    def step(**fields: Any) -> WorkflowStep:
+        return WorkflowStepFactory(database=alias, **fields)
+
+    old_done = run("completed", 40)
+    done_step = step(run=old_done, status="succeeded")
+    StepAttemptFactory(step=done_step, status="succeeded", database=alias)
+    group = step(run=old_done, kind="parallel", status="succeeded")
+    step(run=old_done, group=group, status="succeeded")
+    WorkflowEvent.objects.using(alias).create(run=old_done, name="e", event_id="1", step=done_step)
+    old_failed = run("failed", 40)
+    new_done = run("completed", 5)
+    old_running = run("running", 40)
+    old_suspended = run("suspended", 40)
+    parent = run("running")
+    child = run("completed", 40)
+    step(run=parent, kind="child", child_run=child, status="succeeded")
+    # A settled parent and its settled child go together, in either order.
+    old_parent = run("cancelled", 41)
+    old_child = run("completed", 40)
+    step(run=old_parent, kind="child", child_run=old_child, status="succeeded")
+    receipts = WebhookReceipt.objects.using(alias)
+    old_receipt = receipts.create(source="s", event="e", provider_id="1")
+    receipts.filter(pk=old_receipt.pk).update(received_at=timezone.now() - timedelta(days=40))
+    receipts.create(source="s", event="e", provider_id="2")
     # An old event whose run has yet to start is kept: it holds the event.
-    waiting = WebhookReceipt.objects.create(
+    waiting = receipts.create(
         source="s", event="e", provider_id="3", workflow="w", input={"data": 1}
     )
-    WebhookReceipt.objects.filter(pk=waiting.pk).update(
-        received_at=timezone.now() - timedelta(days=40)
-    )
+    receipts.filter(pk=waiting.pk).update(received_at=timezone.now() - timedelta(days=40))
+    prune = ["pikku_prune", "--older-than", "30d", "--database", alias]
 
     out = StringIO()
-    call_command("pikku_prune", "--older-than", "30d", "--dry-run", stdout=out)
-    assert "Would delete 2 settled runs and 1 webhook receipts" in out.getvalue()
-    assert WorkflowRun.objects.count() == 7
+    call_command(*prune, "--dry-run", stdout=out)
+    assert "Would delete 4 settled runs and 1 webhook receipts" in out.getvalue()
+    assert WorkflowRun.objects.using(alias).count() == 9
 
     out = StringIO()
-    call_command("pikku_prune", "--older-than", "30d", "--batch-size", "1", stdout=out)
-    assert "Deleted 2 settled runs and 1 webhook receipts" in out.getvalue()
-    left = set(WorkflowRun.objects.values_list("id", flat=True))
+    call_command(*prune, "--batch-size", "1", stdout=out)
+    assert "Deleted 4 settled runs and 1 webhook receipts" in out.getvalue()
+    left = set(WorkflowRun.objects.using(alias).values_list("id", flat=True))
     assert left == {new_done.id, old_running.id, old_suspended.id, parent.id, child.id}
-    assert old_done.id not in left
-    assert old_failed.id not in left
-    assert not WorkflowStep.objects.filter(run_id=old_done.id).exists()
-    assert not StepAttempt.objects.filter(step_id=step.id).exists()
-    assert sorted(WebhookReceipt.objects.values_list("provider_id", flat=True)) == ["2", "3"]
+    gone = [old_done.id, old_failed.id, old_parent.id, old_child.id]
+    assert not WorkflowStep.objects.using(alias).filter(run_id__in=gone).exists()
+    assert not StepAttempt.objects.using(alias).filter(step_id=done_step.id).exists()
+    assert not WorkflowEvent.objects.using(alias).exists()
+    assert sorted(receipts.values_list("provider_id", flat=True)) == ["2", "3"]
 
 
 @pytest.mark.django_db

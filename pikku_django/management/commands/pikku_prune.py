@@ -15,14 +15,9 @@ from django.utils import timezone
 from pikku_django.conf import pikku_settings
 from pikku_django.heartbeats import prune_heartbeats
 from pikku_django.leases import get_lease_service
-from pikku_django.models import (
-    TERMINAL_RUN_STATUSES,
-    WebhookReceipt,
-    WorkerHeartbeat,
-    WorkflowRun,
-    WorkflowStep,
-)
+from pikku_django.models import WebhookReceipt, WorkerHeartbeat
 from pikku_django.schema import require_migrated
+from pikku_django.workflows._pruning import delete_runs, settled_runs
 from pikku_django.workflows.durations import parse_duration
 from pikku_django.workflows.engine import run_lease_key
 
@@ -68,16 +63,7 @@ class Command(BaseCommand):
         using = options["database"] or pikku_settings.WORKFLOW_DATABASE
         now = timezone.now()
         cutoff = now - timedelta(seconds=age)
-        runs = (
-            WorkflowRun.objects.using(using)
-            .filter(status__in=TERMINAL_RUN_STATUSES, updated_at__lt=cutoff)
-            .exclude(
-                id__in=WorkflowStep.objects.using(using)
-                .filter(child_run__isnull=False)
-                .exclude(run__status__in=TERMINAL_RUN_STATUSES)
-                .values("child_run_id")
-            )
-        )
+        runs = settled_runs(using, cutoff)
         # A receipt still waiting for its run holds the event: it is kept.
         receipts = (
             WebhookReceipt.objects.using(using)
@@ -93,10 +79,21 @@ class Command(BaseCommand):
             )
             return
         leases = get_lease_service()
-        deleted_runs = self._in_batches(
-            runs, batch, using, "runs", lambda ids: leases.forget([run_lease_key(i) for i in ids])
+
+        def delete_with_leases(ids: list[Any]) -> None:
+            delete_runs(using, ids)
+            # The run leases of the deleted runs: nothing takes them again. In the
+            # batch's transaction when they are kept in the same database.
+            leases.forget([run_lease_key(i) for i in ids])
+
+        deleted_runs = self._in_batches(runs, batch, using, "runs", delete_with_leases)
+        deleted_receipts = self._in_batches(
+            receipts,
+            batch,
+            using,
+            "webhook receipts",
+            lambda ids: WebhookReceipt.objects.using(using).filter(pk__in=ids).delete(),
         )
-        deleted_receipts = self._in_batches(receipts, batch, using, "webhook receipts")
         self.stdout.write(
             self.style.SUCCESS(
                 f"Deleted {deleted_runs} settled runs and {deleted_receipts} webhook receipts "
@@ -112,7 +109,7 @@ class Command(BaseCommand):
         batch: int,
         using: str,
         what: str,
-        after: Callable[[list[Any]], object] | None = None,
+        delete: Callable[[list[Any]], object],
     ) -> int:
         total = 0
         while True:
@@ -120,10 +117,6 @@ class Command(BaseCommand):
             if not ids:
                 return total
             with transaction.atomic(using=using):
-                queryset.model.objects.using(using).filter(pk__in=ids).delete()
-                if after is not None:
-                    # The run leases of the deleted runs: nothing takes them again. In the
-                    # batch's transaction when they are kept in the same database.
-                    after(ids)
+                delete(ids)
             total += len(ids)
             logger.info("Pruned %d %s so far", total, what)

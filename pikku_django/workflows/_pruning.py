@@ -1,0 +1,89 @@
+"""What ``pikku_prune`` deletes of workflows: settled runs, each batch read off an index.
+
+The runs are selected oldest change first from ``pikku_run_settled`` (PostgreSQL,
+SQLite) or ``pikku_run_settled_status`` (MariaDB, MySQL), so a batch reads about as
+many runs as it deletes however many recent runs there are. Their steps, attempts
+and events go with them through each table's foreign key index.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+from django.db.models import Exists, F, Lookup, Model, OuterRef, QuerySet
+from django.db.models.deletion import Collector
+
+from pikku_django.models import TERMINAL_RUN_STATUSES, WorkflowRun, WorkflowStep
+
+_WORD = re.compile(r"[a-z_]+")
+_SETTLED = [status.value for status in TERMINAL_RUN_STATUSES]
+
+
+class InLiterals(Lookup):
+    """``column IN ('a', 'b')`` with the values written into the statement.
+
+    A partial index whose condition is ``column IN (...)`` serves only statements
+    the planner can prove that condition from: not from parameters in a prepared
+    statement's generic plan, nor in SQLite's. The values are fixed words.
+    """
+
+    lookup_name = "in_literals"
+    prepare_rhs = False
+
+    def __init__(self, lhs: Any, rhs: Sequence[str]) -> None:
+        values = tuple(str(value) for value in rhs)
+        if not values or not all(_WORD.fullmatch(value) for value in values):
+            raise ValueError(f"not a list of lowercase words: {values!r}")
+        super().__init__(lhs, values)
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        lhs, params = self.process_lhs(compiler, connection)
+        values = ", ".join(f"'{value}'" for value in self.rhs)
+        return f"{lhs} IN ({values})", tuple(params)
+
+
+def settled_runs(using: str, cutoff: datetime) -> QuerySet[WorkflowRun]:
+    """Settled runs last changed before ``cutoff`` that no live parent waits on,
+    in the order of the index that holds them."""
+    live_parent = (
+        WorkflowStep.objects.using(using)
+        .filter(child_run=OuterRef("pk"))
+        .exclude(InLiterals(F("run__status"), _SETTLED))
+    )
+    runs = (
+        WorkflowRun.objects.using(using)
+        .filter(InLiterals(F("status"), _SETTLED), updated_at__lt=cutoff)
+        .exclude(Exists(live_parent))
+    )
+    if connections[using].features.supports_partial_indexes:
+        return runs.order_by("updated_at")
+    # The order of pikku_run_settled_status: read in it, a batch needs no sort.
+    return runs.order_by("status", "updated_at")
+
+
+class _UnorderedCollector(Collector):
+    """Django's deletion collector, its looks for related rows left unordered.
+
+    Each model's default ordering would otherwise join the look to other tables
+    and sort it: a step's is its run's, so the steps of a batch were sorted by
+    joining them to every run.
+    """
+
+    def related_objects(
+        self, related_model: type[Model], related_fields: Iterable[Any], objs: Any
+    ) -> QuerySet[Any]:
+        return super().related_objects(related_model, related_fields, objs).order_by()
+
+
+def delete_runs(using: str, ids: Sequence[uuid.UUID]) -> int:
+    """Delete the runs ``ids`` with their steps, attempts and events: how many runs."""
+    runs = WorkflowRun.objects.using(using).filter(pk__in=ids).only("pk").order_by()
+    collector = _UnorderedCollector(using=using, origin=runs)
+    collector.collect(runs)
+    _, per_model = collector.delete()
+    return per_model.get(WorkflowRun._meta.label, 0)
