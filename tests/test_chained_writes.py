@@ -20,6 +20,7 @@ from django.utils import timezone
 from pikku_django.dbclock import store_now_ms
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import WorkflowContext, WorkflowEngine, step, workflow
+from pikku_django.workflows import _carrying as carrying
 from pikku_django.workflows._after_step import PassAfterStep, settle_then_claim
 from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows._replay import NewClaim, Replay
@@ -323,6 +324,8 @@ def _drain(
             return out
 
         monkeypatch.setattr(owner, name, counted)
+    # Each run carried to its end by one thread, however slow the machine.
+    monkeypatch.setattr(carrying, "CHAIN_SECONDS", 60.0)
     engine = WorkflowEngine(alias)
     runs = [engine.start(wf, inp) for wf, inp in starts]
     Worker(engine, concurrency=2, until_idle=True, poll_interval=0.05, idle_grace=0).run()

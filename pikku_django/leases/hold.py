@@ -61,6 +61,7 @@ class HeldLease:
         self._thread_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._timer: Timer | None = None
+        self._released: bool | None = None
 
     @property
     def lease(self) -> Lease:
@@ -74,18 +75,41 @@ class HeldLease:
         """The fencing token to pass to whatever the lease protects."""
         return self.lease.token
 
+    @classmethod
+    def taken(
+        cls, lease: Lease, *, ttl_ms: int, service: LeaseService, asked_at: float
+    ) -> HeldLease:
+        """Hold ``lease``, acquired from ``service`` for ``ttl_ms`` by a statement that
+        took it with other work, asked for at ``asked_at`` (this process's monotonic
+        clock): held from now on as if a ``with`` block had just acquired it."""
+        held = cls(lease.key, ttl_ms=ttl_ms, service=service, holder=lease.holder)
+        held._hold(lease, asked_at)
+        return held
+
     def __enter__(self) -> HeldLease:
+        if self._lease is not None:  # taken already (see :meth:`taken`)
+            return self
         asked_at = time.monotonic()
         lease = self.service.acquire(self.key, self.holder, self.ttl_ms)
         if lease is None:
             raise LeaseTakenError(self.key)
+        self._hold(lease, asked_at)
+        return self
+
+    def _hold(self, lease: Lease, asked_at: float) -> None:
         self._lease = lease
         self._held_until = asked_at + self.ttl_ms / 1000
         # No thread until the first renewal is due: most blocks end before it.
         self._timer = call_later(
             renewal_interval_s(self.ttl_ms), self._keep_alive, name=f"pikku-lease:{self.key}"
         )
-        return self
+
+    def released_with(self, released: bool) -> None:
+        """The lease was released by a statement that did so with other work;
+        ``released``: it was still this live lease then. Leaving the block judges by
+        that instead of releasing again."""
+        self._stop_renewing()
+        self._released = released
 
     def _renew(self) -> bool:
         """True while the lease is ours; False once another holder has it. May raise."""
@@ -184,7 +208,9 @@ class HeldLease:
     ) -> None:
         self._stop_renewing()
         try:
-            released = self.service.release(self.lease)
+            released = (
+                self.service.release(self.lease) if self._released is None else self._released
+            )
         except Exception:
             logger.warning(
                 "Releasing lease %r failed; it lapses by itself", self.key, exc_info=True

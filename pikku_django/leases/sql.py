@@ -47,15 +47,21 @@ class PostgreSQLLeaseSQL(LeaseSQL):
     vendor = "postgresql"
     NOW = POSTGRESQL_NOW_MS
 
-    ACQUIRE = f"""
-        INSERT INTO pikku_lease AS l (key, holder, token, expires_at)
-        VALUES (%s, %s, 1, {NOW} + %s)
+    #: Take or extend a lease, for an INSERT of (key, holder, 1, expires_at) rows into
+    #: ``pikku_lease AS l``; parameters: ttl ms, ttl ms. Statements that take leases
+    #: with other work (the workflow store's due-run claim) end their INSERT with it.
+    TAKE_ON_CONFLICT = """
         ON CONFLICT (key) DO UPDATE SET
             token = CASE WHEN l.expires_at > EXCLUDED.expires_at - %s
                          THEN l.token ELSE l.token + 1 END,
             holder = EXCLUDED.holder,
             expires_at = EXCLUDED.expires_at
         WHERE l.expires_at <= EXCLUDED.expires_at - %s OR l.holder = EXCLUDED.holder
+    """
+    ACQUIRE = f"""
+        INSERT INTO pikku_lease AS l (key, holder, token, expires_at)
+        VALUES (%s, %s, 1, {NOW} + %s)
+        {TAKE_ON_CONFLICT}
         RETURNING token, expires_at
     """
     REFRESH = f"""
@@ -64,6 +70,8 @@ class PostgreSQLLeaseSQL(LeaseSQL):
         WHERE l.key = %s AND l.holder = %s AND l.token = %s AND l.expires_at > now.ms
         RETURNING l.expires_at
     """
+    #: Lapse a live lease; parameters: key, holder, token. Statements that release a
+    #: lease with other work (the workflow store's end of a run) use it too.
     RELEASE = f"""
         UPDATE pikku_lease SET expires_at = 0
         WHERE key = %s AND holder = %s AND token = %s AND expires_at > {NOW}

@@ -22,6 +22,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from pikku_django.leases import HeldLease, LeaseLostError
+from pikku_django.leases.base import Lease
 from pikku_django.models import RunStatus, StepStatus, WorkflowRun
 from pikku_django.workflows import registry
 from pikku_django.workflows._memo import RecordedSteps
@@ -67,6 +68,8 @@ class AfterStep:
     #: The pass was not written (it ran on a result other than the one stored): the
     #: run needs a pass as usual, and is due for one meanwhile.
     replay: bool = False
+    #: Whether the run's lease was released with the run's end (None: not asked to).
+    released: bool | None = None
 
 
 class PassAfterStep:
@@ -81,11 +84,17 @@ class PassAfterStep:
         self._wrote: dict[tuple[str, str], None] = {}
 
     def run(
-        self, claimed: ClaimedStep, result: Any, claimer: StepClaimer, held: HeldLease
+        self,
+        claimed: ClaimedStep,
+        result: Any,
+        claimer: StepClaimer,
+        held: HeldLease,
+        release: Lease | None = None,
     ) -> AfterStep | None:
         """Pass the run after ``claimed`` returned ``result`` (plain JSON), and write
         the success with what the pass did; None when not taken (nothing written).
-        WorkflowStepSupersededError when the attempt was replaced."""
+        ``release``: the run's lease (``held``'s, in the runs' database), released
+        with the run's end. WorkflowStepSupersededError when the attempt was replaced."""
         carried = claimed.carried
         if carried is None or carried.run.status != RunStatus.RUNNING:
             return None
@@ -107,7 +116,7 @@ class PassAfterStep:
         )
         recorder.write_nothing()
         ctx = WorkflowContext(recorder)
-        done = StepDone(claimed.step_id, claimed.attempt, stored)
+        done = StepDone(claimed.step_id, claimed.attempt, stored, timezone.now())
         with log_context(run_id=str(run.id), workflow=run.workflow, step=None, attempt=None):
             try:
                 held.vouch()
@@ -132,12 +141,14 @@ class PassAfterStep:
             ):
                 return None  # the usual pass meets it again, and deals with it
             except Exception as exc:
-                return self._finish(run, done, RunStatus.FAILED, error=serialize_error(exc))
+                error = serialize_error(exc)
+                return self._finish(run, done, RunStatus.FAILED, error=error, release=release)
             try:
                 payload = to_json(output, f"The output of workflow {run.workflow!r}")
             except NotSerializableError as exc:
-                return self._finish(run, done, RunStatus.FAILED, error=serialize_error(exc))
-            return self._finish(run, done, RunStatus.COMPLETED, output=payload)
+                error = serialize_error(exc)
+                return self._finish(run, done, RunStatus.FAILED, error=error, release=release)
+            return self._finish(run, done, RunStatus.COMPLETED, output=payload, release=release)
 
     def _not_taken(self, run: WorkflowRun, claimed: ClaimedStep) -> None:
         """The pass reached something to write: record such successes alone from now."""
@@ -181,6 +192,7 @@ class PassAfterStep:
         *,
         output: Any = None,
         error: Any = None,
+        release: Lease | None = None,
     ) -> AfterStep:
         self.states.events.run_pass_started(run)
         try:
@@ -193,12 +205,14 @@ class PassAfterStep:
                     output=output,
                     error=error,
                     pass_wake_at=self.wake_at(Wake.PASS),
+                    release=release,
                 ),
             )
         finally:
             self.states.events.run_pass_finished(run)
         self.replay.memo.forget(run.id)
-        return AfterStep(_settled(run, chained, ended=bool(chained.finished), status=status))
+        settled = _settled(run, chained, ended=bool(chained.finished), status=status)
+        return AfterStep(settled, released=chained.released)
 
 
 def settle_then_claim(

@@ -96,6 +96,8 @@ class RunCarrier:
                         self.tally.passed()
                         done += 1
                         if after.claimed is None:
+                            if held is not None and after.released is not None:
+                                held.released_with(after.released)
                             return done  # the run ended, or is woken for any worker
                         claimed = after.claimed
                         continue
@@ -108,7 +110,7 @@ class RunCarrier:
                     kept = held is not None and outcome is StepOutcome.SUCCEEDED
                     carried = claimed.carried if kept else None
                 if held is None:
-                    held = take_run_lease(self.engine, run_id)
+                    held = take_run_lease(self.engine, run_id, due)
                     if held is None:
                         return done
                 claimed = self.engine.orchestrate(

@@ -17,7 +17,7 @@ from pikku_django.models import StepKind, StepStatus, WorkflowStep
 from pikku_django.workflows._rates import grow_slots, maybe_prune, stamp_slots, take_slots
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._timeouts import capped_lease_ms, time_out_lapsed
-from pikku_django.workflows._values import ClaimedStep, DueRun, default_worker_id
+from pikku_django.workflows._values import ClaimedStep, DueRun, RunLeaseAsk, default_worker_id
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.errors import (
     NonDeterministicWorkflowError,
@@ -170,14 +170,18 @@ class Claims:
         """Runs that need a pass now; each is pushed back by the pass timeout meanwhile."""
         return [due.run.id for due in self.due_run_rows(limit)]
 
-    def due_run_rows(self, limit: int = 1) -> list[DueRun]:
-        """:meth:`due_runs`, each run as its claim read it."""
+    def due_run_rows(self, limit: int = 1, lease: RunLeaseAsk | None = None) -> list[DueRun]:
+        """:meth:`due_runs`, each run as its claim read it; with ``lease``, each run's
+        lease taken by the same statement (the store must hold run leases)."""
         now = self.clock.now()
         config = self.config
         # A pass holds the run lease: once it lapsed (the worker died mid-pass) the
         # run may be passed again, whatever the pass timeout.
         timeout = min(config.run_pass_timeout, config.run_lease_ms / 1000 + PASS_RECOVERY_MARGIN)
-        return self.store.claim_due_run_rows(now, now + timedelta(seconds=timeout), limit)
+        until = now + timedelta(seconds=timeout)
+        if lease is not None:
+            return self.store.claim_due_runs_leased(now, until, limit, lease)
+        return self.store.claim_due_run_rows(now, until, limit)
 
     def due_steps(
         self,

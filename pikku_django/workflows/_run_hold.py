@@ -6,15 +6,30 @@ from __future__ import annotations
 from typing import Any
 
 from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError
+from pikku_django.workflows._values import DueRun
 from pikku_django.workflows.engine import WorkflowEngine
 from pikku_django.workflows.logcontext import workflow_logger
 
 logger = workflow_logger(__name__)
 
 
-def take_run_lease(engine: WorkflowEngine, run_id: Any) -> HeldLease | None:
+def take_run_lease(
+    engine: WorkflowEngine, run_id: Any, due: DueRun | None = None
+) -> HeldLease | None:
     """The run's lease, held until :func:`give_back`; None (the run woken again
-    shortly) while another worker passes the run."""
+    shortly) while another worker passes the run. ``due``: the run's claim, which
+    may have taken its lease already."""
+    if due is not None and due.lease is not None:
+        return HeldLease.taken(
+            due.lease,
+            ttl_ms=engine.config.run_lease_ms,
+            service=engine.leases,
+            asked_at=due.asked_at,
+        )
+    if due is not None and due.lease_refused:
+        logger.info("Run %s is orchestrated elsewhere; waking it again shortly", run_id)
+        engine.retry_pass_soon(run_id)
+        return None
     held = engine.run_lease(run_id)
     try:
         return held.__enter__()

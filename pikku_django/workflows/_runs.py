@@ -12,6 +12,7 @@ from django.db import DatabaseError
 from django.db.models import F
 from django.utils import timezone
 
+from pikku_django.leases.base import Lease
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows._branches import branch_settled
 from pikku_django.workflows._child_outcome import child_step_outcome
@@ -108,11 +109,13 @@ class RunStates:
         output: Any = None,
         error: Any = None,
         pass_wake_at: datetime,
+        release: Lease | None = None,
     ) -> Chained | None:
         """Record ``done`` (a step of ``run`` succeeded) and end the run as
         :meth:`finish` does, together; None (and nothing written) when the attempt
         was superseded. Where the end waits on a transaction of its own (a plain
-        parent step waits on the run), the run is due at ``pass_wake_at`` meanwhile."""
+        parent step waits on the run), the run is due at ``pass_wake_at`` meanwhile.
+        ``release``: the run's lease, released with its end where the store can."""
         store = self.store
         if store.chains_in_one_statement:
             chained = store.settle_then_finish(
@@ -123,6 +126,7 @@ class RunStates:
                 error,
                 wake_at=self.clock.now(),
                 pass_wake_at=pass_wake_at,
+                release=release,
             )
             if chained is None:
                 return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pikku_django.leases.base import Lease
 from pikku_django.models import StepKind, WorkflowRun, WorkflowStep
 from pikku_django.workflows import registry
 from pikku_django.workflows.errors import NotSerializableError
@@ -204,6 +205,8 @@ class StepDone:
     attempt: int
     #: The result as the store will hold it (:meth:`ChainedWrites.json_as_stored`).
     result: Any
+    #: When the attempt ended: its function returned, before the pass after it.
+    finished_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,8 @@ class Chained:
     #: Whether the run ended (None: a plain parent step waits on it, so its end is
     #: left to the caller, in a transaction).
     finished: bool | None = False
+    #: Whether the run's lease was released with the write (None: not asked to).
+    released: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +264,22 @@ class DueRun:
     #: none, as long as what it reaches is a queued step it claims (whose insert
     #: stores nothing if the step exists after all); anything else reads the steps.
     stepless: bool = False
+    #: The run's lease, where the claim took it too (see :class:`RunLeaseAsk`), and
+    #: when it was asked for (this process's monotonic clock).
+    lease: Lease | None = None
+    asked_at: float = 0.0
+    #: The claim asked for the run's lease and another holder had it.
+    lease_refused: bool = False
+
+
+@dataclass(frozen=True)
+class RunLeaseAsk:
+    """The run leases a due-run claim takes with its runs, where the store holds
+    them too: each run's key is ``prefix`` and its id; held by ``holder``."""
+
+    prefix: str
+    holder: str
+    ttl_ms: int
 
 
 @dataclass(frozen=True)

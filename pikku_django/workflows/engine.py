@@ -42,6 +42,7 @@ from pikku_django.workflows._values import (
     CarriedRun,
     ClaimedStep,
     DueRun,
+    RunLeaseAsk,
     Settled,
     StepClaimer,
     StepOptions,
@@ -304,9 +305,10 @@ class WorkflowEngine:
         (the next step stored claimed by ``claimer``, or the run ended): how the step
         ended, and what the pass after it did (None: not written; pass it as usual)."""
         taken: list[AfterStep] = []
+        release = held.lease if self.run_leases_in_store() else None
 
         def then(result: Any) -> Settled | None:
-            after = self._after_step.run(claimed, result, claimer, held)
+            after = self._after_step.run(claimed, result, claimer, held, release)
             if after is None:
                 return None
             taken.append(after)
@@ -321,9 +323,26 @@ class WorkflowEngine:
         """Runs that need a pass now; each is pushed back by the pass timeout meanwhile."""
         return self._claims.due_runs(limit)
 
-    def claim_due_run_rows(self, limit: int = 1) -> list[DueRun]:
-        """:meth:`claim_due_runs`, each run as the claim read it (for :meth:`orchestrate`)."""
-        return self._claims.due_run_rows(limit)
+    def claim_due_run_rows(self, limit: int = 1, *, lease_holder: str = "") -> list[DueRun]:
+        """:meth:`claim_due_runs`, each run as the claim read it (for :meth:`orchestrate`).
+        With ``lease_holder``, where the runs' database holds their leases too, each
+        run's lease is taken for that holder by the claim itself (``DueRun.lease``)."""
+        ask = None
+        if lease_holder and self.run_leases_in_store():
+            ask = RunLeaseAsk(run_lease_key(""), lease_holder, self.config.run_lease_ms)
+        return self._claims.due_run_rows(limit, ask)
+
+    def run_leases_in_store(self) -> bool:
+        """Whether run leases are rows of the runs' own database, which its store can
+        take and release with other work."""
+        from pikku_django.leases.database import DatabaseLeaseService
+
+        leases = self.leases
+        return (
+            self.store.takes_run_leases
+            and isinstance(leases, DatabaseLeaseService)
+            and leases.using == self.using
+        )
 
     def claim_due_steps(
         self,

@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -317,7 +318,7 @@ class Worker:
         """Claim a due run and carry it on: how many passes and steps that was."""
         return sum(
             self._carrier.carry(due.run.id, claimer, due=due)
-            for due in self.engine.claim_due_run_rows(1)
+            for due in self.engine.claim_due_run_rows(1, lease_holder=str(uuid.uuid4()))
         )
 
     def _ready_steps(self, claimer: StepClaimer, busy: bool) -> int:

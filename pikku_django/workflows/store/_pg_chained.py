@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -14,10 +15,11 @@ from typing import Any
 from django.utils import timezone
 
 from pikku_django.dbclock import POSTGRESQL_NOW_MS
+from pikku_django.leases.base import Lease
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
-from pikku_django.prepared import fetch_one
+from pikku_django.prepared import fetch, fetch_one
 from pikku_django.workflows._child_outcome import child_step_outcome
-from pikku_django.workflows._values import Chained, NewStep, StepDone
+from pikku_django.workflows._values import Chained, DueRun, NewStep, RunLeaseAsk, StepDone
 from pikku_django.workflows.store._pg_finish import finish_run_sql, step_done_ctes
 from pikku_django.workflows.store._pg_sql import (
     ATTEMPTS,
@@ -26,9 +28,11 @@ from pikku_django.workflows.store._pg_sql import (
     STEP_STATE_FIELDS,
     STEPS,
     _c,
+    _from_db,
     _jsonb,
     _loads,
     _q,
+    claim_due_runs_sql,
 )
 from pikku_django.workflows.store.base import CHANNEL, RUN_DONE_CHANNEL, ChainedWrites, columns
 
@@ -109,8 +113,8 @@ def step_done_params(done: StepDone, now: datetime) -> list[Any]:
     """The parameters of :func:`step_done_ctes` for ``done``."""
     result = _jsonb(done.result)
     succeeded, running = StepStatus.SUCCEEDED, StepStatus.RUNNING
-    step, attempt = done.step_id, done.attempt
-    return [succeeded, now, result, step, attempt, running, succeeded, now, result, step, attempt]
+    step, attempt, ended = done.step_id, done.attempt, done.finished_at or now
+    return [succeeded, now, result, step, attempt, running, succeeded, ended, result, step, attempt]
 
 
 def claimed_params(
@@ -151,6 +155,7 @@ class PostgresChainedWrites(ChainedWrites):
 
     using: str
     chains_in_one_statement = True
+    takes_run_leases = True
 
     def _announcing(self) -> bool:
         """Whether run ends are announced (the store's ``notifying``)."""
@@ -198,6 +203,7 @@ class PostgresChainedWrites(ChainedWrites):
         *,
         wake_at: datetime,
         pass_wake_at: datetime,
+        release: Lease | None = None,
     ) -> Chained | None:
         step_status, result, step_error = child_step_outcome(run_id, status, output, error)
         failed = step_status == StepStatus.FAILED
@@ -223,13 +229,35 @@ class PostgresChainedWrites(ChainedWrites):
             pass_wake_at,
             now,
             run_id,
+            *(() if release is None else (release.key, release.holder, release.token)),
             CHANNEL,
             RUN_DONE_CHANNEL,
             self._announcing(),
         ]
-        row = fetch_one(self.using, finish_run_sql(after_step=True), params)
+        sql = finish_run_sql(after_step=True, release=release is not None)
+        row = fetch_one(self.using, sql, params)
         if row is None:
             return None
-        changed, waiting, _woken, _announced, result_text, run_status, run_wakes = row
+        changed, waiting, _woken, _announced, result_text, run_status, run_wakes = row[:7]
         finished = None if waiting else bool(changed)
-        return Chained(_loads(result_text), run_status, run_wakes, finished=finished)
+        released = bool(row[7]) if release is not None and changed else None
+        return Chained(
+            _loads(result_text), run_status, run_wakes, finished=finished, released=released
+        )
+
+    def claim_due_runs_leased(
+        self, now: datetime, until: datetime, limit: int, ask: RunLeaseAsk
+    ) -> list[DueRun]:
+        asked_at = time.monotonic()
+        params = [until, now, limit, ask.prefix, ask.holder, ask.ttl_ms, ask.ttl_ms, ask.ttl_ms]
+        rows = fetch(self.using, claim_due_runs_sql(leased=True), [*params, ask.prefix])
+        claimed = []
+        for row in rows:
+            run = _from_db(self.using, WorkflowRun, row[:-3])
+            stepless, token, expires_at = row[-3:]
+            lease = None
+            if token is not None:
+                lease = Lease(f"{ask.prefix}{run.id}", ask.holder, int(token), int(expires_at))
+            due = DueRun(run, stepless, lease, asked_at, lease_refused=lease is None)
+            claimed.append(due)
+        return claimed

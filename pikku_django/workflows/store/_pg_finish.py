@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 
+from pikku_django.leases.sql import PostgreSQLLeaseSQL
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows.store.base import columns
 
@@ -19,7 +20,7 @@ def _q(name: str) -> str:
 
 
 @functools.cache
-def finish_run_sql(after_step: bool = False) -> str:
+def finish_run_sql(after_step: bool = False, release: bool = False) -> str:
     """Parameters: child id, status, output, error, updated at, child id, step status,
     step result, step error, failed, updated at, finished at, updated at, wake at,
     updated at, failed, channel, the run-end channel, whether to announce the end there.
@@ -29,7 +30,9 @@ def finish_run_sql(after_step: bool = False) -> str:
     parameters before these), the end only if it was recorded, and where a plain
     parent waits, the run due at a time given after "wake at" and its updated at
     (parameters: pass wake at, updated at, run id); it returns the result as stored,
-    and the run's status and wakes as well."""
+    and the run's status and wakes as well. ``release`` (with ``after_step``): the
+    run's lease released once the run ended (parameters after those: the lease's key,
+    holder and token), and whether it was, last."""
     runs, steps, atts = (_q(m._meta.db_table) for m in (WorkflowRun, WorkflowStep, StepAttempt))
 
     def r(name: str) -> str:
@@ -87,12 +90,18 @@ def finish_run_sql(after_step: bool = False) -> str:
             if after_step
             else " "
         )
+        + (
+            f", lr AS ({PostgreSQLLeaseSQL.RELEASE} AND EXISTS (SELECT 1 FROM r) RETURNING 1) "
+            if release
+            else ""
+        )
         + f"SELECT EXISTS (SELECT 1 FROM r), (SELECT waiting FROM plain), "
         f"(SELECT count(pg_notify(%s, '')) FROM w), "
         f"(SELECT count(pg_notify(%s, r.{r('id')}::text)) FROM r WHERE %s)"
         + (
-            f", done.result, run.{r('status')}, run.{r('wakes')} FROM done "
-            f"JOIN {runs} run ON run.{r('id')} = done.run_id"
+            f", done.result, run.{r('status')}, run.{r('wakes')}"
+            + (", EXISTS (SELECT 1 FROM lr)" if release else "")
+            + f" FROM done JOIN {runs} run ON run.{r('id')} = done.run_id"
             if after_step
             else ""
         )

@@ -12,6 +12,7 @@ from django.db import connections
 from django.db.models import JSONField
 
 from pikku_django.dbclock import POSTGRESQL_NOW_MS
+from pikku_django.leases.sql import PostgreSQLLeaseSQL
 from pikku_django.models import (
     CLAIMABLE_STATUSES,
     QueueClaim,
@@ -92,6 +93,43 @@ def _ready_branches() -> list[tuple[str, str]]:
             s("lease_expires_at"),
         ),
     ]
+
+
+@functools.cache
+def claim_due_runs_sql(leased: bool = False) -> str:
+    """Claim up to N due worker runs, each pushed back to a time (its pass's limit).
+    Parameters: until, now, limit. Returns each run's columns and whether it has no
+    steps.
+
+    ``leased``: each claimed run's lease in ``pikku_lease`` is taken too, as the lease
+    service's acquire takes it (parameters after those: key prefix, holder, ttl ms,
+    then the upsert's ttl ms twice, then the key prefix again); the lease's token and
+    expiry follow each row (NULL where another holder has it)."""
+
+    def r(name: str) -> str:
+        return _c(WorkflowRun, name)
+
+    claim = (
+        # = ANY(ARRAY(...)): the runs claimed are found by primary key whatever the
+        # plan; with IN (...) a generic plan hash-joins the whole runs table.
+        f"UPDATE {RUNS} SET {r('wake_at')} = %s WHERE {r('id')} = ANY(ARRAY("
+        f"SELECT {r('id')} FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
+        f"AND NOT {r('inline')} AND NOT {r('key_waiting')} "
+        f"AND {r('wake_at')} <= %s ORDER BY {r('priority')} DESC, {r('wake_at')} LIMIT %s "
+        f"FOR UPDATE SKIP LOCKED)) RETURNING {_all_columns(WorkflowRun)}, "
+        f"NOT EXISTS (SELECT 1 FROM {STEPS} WHERE {_c(WorkflowStep, 'run_id')} = "
+        f"{RUNS}.{r('id')}) AS stepless"
+    )
+    if not leased:
+        return claim
+    return (
+        f"WITH c AS ({claim}), "
+        f"l AS (INSERT INTO pikku_lease AS l (key, holder, token, expires_at) "
+        f"SELECT %s || c.{r('id')}::text, %s, 1, {POSTGRESQL_NOW_MS} + %s FROM c "
+        f"{PostgreSQLLeaseSQL.TAKE_ON_CONFLICT} RETURNING l.key, l.token, l.expires_at) "
+        f"SELECT c.*, l.token, l.expires_at FROM c "
+        f"LEFT JOIN l ON l.key = %s || c.{r('id')}::text"
+    )
 
 
 def _ready_exists(queue: str, *, fresh: bool = True) -> str:

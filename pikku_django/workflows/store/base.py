@@ -18,6 +18,7 @@ from typing import Any
 from django.db import models
 from django.db.models import QuerySet
 
+from pikku_django.leases.base import Lease
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
 from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._values import (
@@ -25,6 +26,7 @@ from pikku_django.workflows._values import (
     DueRun,
     NewStep,
     NextDue,
+    RunLeaseAsk,
     Settled,
     StepDone,
     Wake,
@@ -143,6 +145,16 @@ class ChainedWrites:
 
     #: Whether :meth:`settle_then_claim` and :meth:`settle_then_finish` are statements.
     chains_in_one_statement = False
+    #: Whether :meth:`claim_due_runs_leased` takes run leases held by ``pikku_lease``.
+    takes_run_leases = False
+
+    def claim_due_runs_leased(
+        self, now: datetime, until: datetime, limit: int, ask: RunLeaseAsk
+    ) -> list[DueRun]:
+        """:meth:`WorkflowStore.claim_due_run_rows`, each run's lease in the lease
+        table taken by ``ask`` in the same statement (``DueRun.lease``, or
+        ``lease_refused`` while another holder has it)."""
+        raise NotImplementedError
 
     def json_as_stored(self, value: Any) -> Any:
         """``value`` (read back from JSON) as a read of a JSON column returns it."""
@@ -173,10 +185,13 @@ class ChainedWrites:
         *,
         wake_at: datetime,
         pass_wake_at: datetime,
+        release: Lease | None = None,
     ) -> Chained | None:
         """Record ``done`` and end its run as :meth:`WorkflowStore.finish_run` does;
         where a plain parent step waits on the run, the run falls due at
-        ``pass_wake_at`` instead (``finished`` None). None when superseded."""
+        ``pass_wake_at`` instead (``finished`` None). With ``release`` (the run's
+        lease, in the lease table), the lease is released once the run ended
+        (``released``). None when superseded."""
         raise NotImplementedError
 
 

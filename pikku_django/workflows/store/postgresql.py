@@ -40,7 +40,6 @@ from pikku_django.workflows.store._pg_sql import (
     RUNS,
     STEP_STATE_FIELDS,
     STEPS,
-    _all_columns,
     _c,
     _from_db,
     _insert_sql,
@@ -48,6 +47,7 @@ from pikku_django.workflows.store._pg_sql import (
     _loads,
     _q,
     _ready_exists,
+    claim_due_runs_sql,
 )
 from pikku_django.workflows.store.base import (
     CHANNEL,
@@ -83,16 +83,6 @@ def _statements() -> dict[str, str]:
     attempt_cols = columns(att, ("step_id", "attempt", "status", "result", "error"), _q)
     attempt_tail = columns(att, ("worker", "started_at", "finished_at"), _q)
     return {
-        "claim_due_runs": (
-            # = ANY(ARRAY(...)): the runs claimed are found by primary key whatever the
-            # plan; with IN (...) a generic plan hash-joins the whole runs table.
-            f"UPDATE {RUNS} SET {r('wake_at')} = %s WHERE {r('id')} = ANY(ARRAY("
-            f"SELECT {r('id')} FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
-            f"AND NOT {r('inline')} AND NOT {r('key_waiting')} "
-            f"AND {r('wake_at')} <= %s ORDER BY {r('priority')} DESC, {r('wake_at')} LIMIT %s "
-            f"FOR UPDATE SKIP LOCKED)) RETURNING {_all_columns(run)}, "
-            f"NOT EXISTS (SELECT 1 FROM {STEPS} WHERE {s('run_id')} = {RUNS}.{r('id')})"
-        ),
         # One statement per shape, so that a generic plan fits each.
         "ready_steps_exist": _ready_exists(""),
         "ready_steps_exist_on": _ready_exists(f" AND {s('queue')} = ANY(%s)"),
@@ -172,7 +162,7 @@ class PostgresStore(PostgresChainedWrites, PostgresFreshClaims, OrmStore):
             cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
 
     def claim_due_run_rows(self, now: datetime, until: datetime, limit: int) -> list[DueRun]:
-        rows = fetch(self.using, self._sql("claim_due_runs"), [until, now, limit])
+        rows = fetch(self.using, claim_due_runs_sql(), [until, now, limit])
         return [DueRun(_from_db(self.using, WorkflowRun, row[:-1]), row[-1]) for row in rows]
 
     def limited_claim(self, queues: Sequence[str]) -> AbstractContextManager[None]:
