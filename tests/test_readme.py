@@ -10,8 +10,8 @@ One test per fenced block, named after its page, language and line:
   have been installed as importable modules, as they would be in a project.
   Every ``test_*`` function a block defines is then called. A block that
   defines pytest test classes (the conformance suites) is run by pytest in a process
-  of its own. ``# settings.py`` blocks are executed and their ``PIKKU``, ``CACHES`` and
-  ``DATABASES`` put through pikku_django's system checks; ``# urls.py`` blocks become
+  of its own. ``# settings.py`` blocks are executed and their ``PIKKU``, ``CACHES``,
+  ``DATABASES`` and ``TASKS`` put through pikku_django's system checks; ``# urls.py`` blocks become
   the URLconf and must route to pikku_django's views.
 * ``sh`` blocks: each command must be a real ``manage.py`` command whose parser accepts
   the arguments shown, a Makefile target, a file in the repository, an extra of
