@@ -7,6 +7,7 @@ and the dashboard) for users who may view workflow runs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -80,7 +81,7 @@ def queue_rows(using: str) -> list[QueueRow]:
     }
     rows = []
     for name in sorted(set(counted) | set(config.queues)):
-        found: dict[str, Any] = counted.get(name, {})
+        found: Mapping[str, Any] = counted.get(name, {})
         declared = config.queues.get(name)
         rate = declared.rate if declared is not None else None
         oldest = found.get("oldest")
@@ -126,11 +127,11 @@ def key_rows(using: str) -> list[KeyRow]:
     )
     return [
         KeyRow(
-            key=row["concurrency_key"],
+            key=str(row["concurrency_key"]),  # never null: filtered above
             in_progress=row["in_progress"],
             waiting=row["waiting"],
             limit=row["limit"],
-            url=changelist("workflowrun", concurrency_key=row["concurrency_key"]),
+            url=changelist("workflowrun", concurrency_key=str(row["concurrency_key"])),
         )
         for row in rows
     ]

@@ -109,7 +109,10 @@ class SourceSwitchMixin:
                 "url": self.switch_url(row, switch),
                 "label": _("Disable") if row.enabled else _("Enable"),
             }
-        return super().change_view(request, object_id, form_url, extra)  # type: ignore[misc]
+        response: HttpResponse = super().change_view(  # type: ignore[misc]
+            request, object_id, form_url, extra
+        )
+        return response
 
     def switch_view(self, request: HttpRequest, object_id: str, switch: str) -> HttpResponse:
         if switch not in Switch.__members__.values():

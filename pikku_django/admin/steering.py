@@ -105,7 +105,9 @@ class ConfirmForm(forms.Form):
 class ResumeForm(forms.Form):
     """Resume hands the suspended run a JSON value (empty: ``null``)."""
 
-    data = forms.JSONField(
+    # A field named ``data``: the form's metaclass moves it into ``base_fields``, so
+    # it never shadows the bound data, ``BaseForm.data`` (which the stubs see).
+    data = forms.JSONField(  # type: ignore[assignment]
         label=gettext_lazy("Data"),
         required=False,
         widget=forms.Textarea(attrs={"rows": 8, "cols": 60, "spellcheck": "false"}),
@@ -117,7 +119,7 @@ class ResumeForm(forms.Form):
 
 
 def log_operation(
-    modeladmin: admin.ModelAdmin, request: HttpRequest, run: WorkflowRun, message: str
+    modeladmin: admin.ModelAdmin[Any], request: HttpRequest, run: WorkflowRun, message: str
 ) -> None:
     """Record in the admin log (the run's History) who did what to ``run``."""
     modeladmin.log_change(request, run, message)
