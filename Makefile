@@ -1,7 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   run the example project's story on SQLite (Ctrl-C stops it)
 #   make test   lint, build the docs, run the test suite (Python 3.11 + Django 5.2, then the
-#               newest Django on Python 3.12+)
+#               newest Django on Python 3.12+: SQLite, PostgreSQL, and the tasks suite on MariaDB)
 # Both create their virtualenvs and install what they need (the demo only the demo extra).
 
 # A Python 3.11 for the oldest supported pair, and 3.12+ for the newest Django.
@@ -75,9 +75,14 @@ test-main: $(VENV)/.installed
 	$(VENV)/bin/python -c "import django, sys; print('Python', sys.version.split()[0], 'Django', django.__version__)"
 	$(VENV)/bin/pytest $(PYTEST_XDIST)
 
+# The newest Django: the whole suite on SQLite and PostgreSQL, then the django.tasks
+# contract suite (tests/test_tasks*.py) on MariaDB too. Only those files' MariaDB cases
+# run the second time (-k): their backend-free tests ran in the first invocation.
 test-latest: $(VENV_LATEST)/.installed
 	$(VENV_LATEST)/bin/python -c "import django, sys; print('Python', sys.version.split()[0], 'Django', django.__version__)"
 	PIKKU_TEST_BACKENDS=sqlite,postgres $(VENV_LATEST)/bin/pytest $(PYTEST_XDIST) -m "not once"
+	PIKKU_TEST_BACKENDS=mariadb $(VENV_LATEST)/bin/pytest $(PYTEST_XDIST) -m "not once" \
+		-k "mariadb or mysql" tests/test_tasks*.py
 
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

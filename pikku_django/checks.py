@@ -129,7 +129,7 @@ def check_workflow_database(app_configs: Any = None, **kwargs: Any) -> list[chec
                 id="pikku_django.E009",
             )
         ]
-    db = settings.DATABASES[alias]
+    db: dict[str, Any] = settings.DATABASES[alias]
     messages: list[checks.CheckMessage] = []
     if "sqlite3" in db.get("ENGINE", ""):
         options = db.get("OPTIONS", {})

@@ -405,6 +405,7 @@ def check_settings_namespace(namespace: dict[str, Any], apps: set[str]) -> None:
 
     from pikku_django import checks
     from pikku_django.conf import DEFAULTS
+    from pikku_django.tasks.checks import check_task_backends
 
     found = {k: v for k, v in namespace.items() if k.isupper()}
     assert found, "a settings sample sets no setting"
@@ -419,7 +420,7 @@ def check_settings_namespace(namespace: dict[str, Any], apps: set[str]) -> None:
         for app in installed:
             if app not in apps:
                 assert importlib.util.find_spec(app) is not None, f"no app {app!r}"
-    overrides = {k: found[k] for k in ("PIKKU", "CACHES", "DATABASES") if k in found}
+    overrides = {k: found[k] for k in ("PIKKU", "CACHES", "DATABASES", "TASKS") if k in found}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Django warns that DATABASES is overridden
         with override_settings(**overrides):
@@ -430,6 +431,7 @@ def check_settings_namespace(namespace: dict[str, Any], apps: set[str]) -> None:
                     checks.check_lease_backend,
                     checks.check_workflow_database,
                     checks.check_workflow_settings,
+                    check_task_backends,
                 )
                 for message in check()
             ]

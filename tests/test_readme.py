@@ -10,8 +10,8 @@ One test per fenced block, named after its page, language and line:
   have been installed as importable modules, as they would be in a project.
   Every ``test_*`` function a block defines is then called. A block that
   defines pytest test classes (the conformance suites) is run by pytest in a process
-  of its own. ``# settings.py`` blocks are executed and their ``PIKKU``, ``CACHES`` and
-  ``DATABASES`` put through pikku_django's system checks; ``# urls.py`` blocks become
+  of its own. ``# settings.py`` blocks are executed and their ``PIKKU``, ``CACHES``,
+  ``DATABASES`` and ``TASKS`` put through pikku_django's system checks; ``# urls.py`` blocks become
   the URLconf and must route to pikku_django's views.
 * ``sh`` blocks: each command must be a real ``manage.py`` command whose parser accepts
   the arguments shown, a Makefile target, a file in the repository, an extra of
@@ -258,6 +258,46 @@ def test_every_command_and_option_is_documented() -> None:
 
 def page(name: str) -> str:
     return (DOCS / name).read_text(encoding="utf-8")
+
+
+def api_sections() -> list[tuple[str, list[str]]]:
+    """Each ``::: module`` of the Python API page and the members it lists (none: all)."""
+    sections = re.split(r"^::: ", page("reference/api.md"), flags=re.MULTILINE)[1:]
+    return [
+        (section.split("\n", 1)[0].strip(), re.findall(r"^ {8}- (\w+)$", section, re.MULTILINE))
+        for section in sections
+    ]
+
+
+def test_the_api_page_documents_every_exported_name() -> None:
+    """A module's ``__all__`` is listed in full, and each name listed is found by
+    mkdocstrings (griffe) with a docstring: a name it cannot resolve is left out of
+    the page without an error, even under ``--strict``."""
+    import importlib
+
+    import griffe
+
+    loader = griffe.GriffeLoader(search_paths=[str(support.ROOT)])
+    problems = []
+    for module_name, members in api_sections():
+        exported = getattr(importlib.import_module(module_name), "__all__", None)
+        if members and exported is not None and set(members) != set(exported):
+            problems.append(
+                f"{module_name}: left out {sorted(set(exported) - set(members))}, "
+                f"not exported {sorted(set(members) - set(exported))}"
+            )
+        top = loader.load(module_name.split(".", 1)[0])
+        module = top[module_name.split(".", 1)[1]]
+        for name in members:
+            try:
+                found = module[name]
+                target = found.final_target if found.is_alias else found
+            except (KeyError, griffe.AliasResolutionError):
+                problems.append(f"{module_name}.{name}: mkdocstrings cannot find it")
+                continue
+            if not target.docstring:
+                problems.append(f"{module_name}.{name}: no docstring")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("document", support.documents(), ids=support.relative)

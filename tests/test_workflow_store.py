@@ -3,7 +3,8 @@
 On each database the generic ORM store and the vendor's own store answer the same
 cases, so the two cannot drift: what is ready to claim, claiming due runs, fenced
 settles, inserting claimed or settled steps, creating runs, what falls due next,
-and which runs the stalled sweep wakes.
+and which runs the stalled sweep wakes. The claims of steps not attempted yet
+(``FreshClaims``) have their own table, in ``test_workflow_store_fresh.py``.
 """
 
 from __future__ import annotations
@@ -38,18 +39,25 @@ def _vendor_store(vendor: str) -> type[WorkflowStore]:
     return SqliteStore if vendor == "sqlite" else MysqlStore
 
 
-@pytest.fixture(
-    params=[
-        pytest.param((vendor, kind), marks=db_mark(vendor), id=f"{vendor}-{kind}")
-        for vendor in VENDORS
-        for kind in ("orm", "vendor")
-    ]
-)
-def store(request: pytest.FixtureRequest) -> WorkflowStore:
-    vendor, kind = request.param
+#: Every database, with the generic ORM store and the vendor's own.
+STORES = [
+    pytest.param((vendor, kind), marks=db_mark(vendor), id=f"{vendor}-{kind}")
+    for vendor in VENDORS
+    for kind in ("orm", "vendor")
+]
+
+
+def make_store(param: tuple[str, str]) -> WorkflowStore:
+    """The ``(vendor, kind)`` store of :data:`STORES`."""
+    vendor, kind = param
     alias = database_alias(vendor)
     cls = OrmStore if kind == "orm" else _vendor_store(vendor)
     return cls(alias)
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest) -> WorkflowStore:
+    return make_store(request.param)
 
 
 def _run(store: WorkflowStore, **fields: Any) -> WorkflowRun:

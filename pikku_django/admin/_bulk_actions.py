@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -32,7 +33,9 @@ class ActionReport:
     def skip(self, reason: str) -> None:
         self.skipped[reason] += 1
 
-    def tell(self, modeladmin: admin.ModelAdmin, request: HttpRequest, infinitive: str) -> None:
+    def tell(
+        self, modeladmin: admin.ModelAdmin[Any], request: HttpRequest, infinitive: str
+    ) -> None:
         parts = [
             ngettext("%(verb)s %(count)d run", "%(verb)s %(count)d runs", self.done)
             % {"verb": self.verb, "count": self.done}
@@ -72,7 +75,7 @@ def skip_reason(operation: Operation, status: str) -> str:
 
 
 def operate(
-    modeladmin: admin.ModelAdmin,
+    modeladmin: admin.ModelAdmin[Any],
     request: HttpRequest,
     queryset: QuerySet[WorkflowRun],
     operation: Operation,

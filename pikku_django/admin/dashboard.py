@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
+from pikku_django.admin._typing import AdminMixin
 from pikku_django.admin.charts import line_chart
 from pikku_django.admin.formatting import (
     format_duration,
@@ -152,22 +153,22 @@ def panel_context(figures: Figures) -> dict[str, Any]:
     }
 
 
-class DashboardMixin:
+class DashboardMixin(AdminMixin):
     """Adds the dashboard page to the runs' admin."""
 
     dashboard_template = "admin/pikku_django/dashboard.html"
     dashboard_panel_template = "admin/pikku_django/dashboard_panel.html"
 
     def get_urls(self) -> list[URLPattern]:
-        opts = self.opts  # type: ignore[attr-defined]
-        view = self.admin_site.admin_view(self.dashboard_view)  # type: ignore[attr-defined]
+        opts = self.opts
+        view = self.admin_site.admin_view(self.dashboard_view)
         return [
             path("dashboard/", view, name=f"{opts.app_label}_{opts.model_name}_dashboard"),
-            *super().get_urls(),  # type: ignore[misc]
+            *super().get_urls(),
         ]
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
-        if not self.has_view_permission(request):  # type: ignore[attr-defined]
+        if not self.has_view_permission(request):
             raise PermissionDenied
         try:
             refresh = int(request.GET.get("refresh", DEFAULT_REFRESH))
@@ -175,19 +176,19 @@ class DashboardMixin:
             refresh = DEFAULT_REFRESH
         refresh = min(max(refresh, 1), 3600)
         context = panel_context(collect(workflow_database()))
-        request.current_app = self.admin_site.name  # type: ignore[attr-defined]
+        request.current_app = self.admin_site.name
         if request.GET.get("panel"):
             return TemplateResponse(request, self.dashboard_panel_template, context)
-        opts = self.opts  # type: ignore[attr-defined]
+        opts = self.opts
         context.update(
             {
-                **self.admin_site.each_context(request),  # type: ignore[attr-defined]
+                **self.admin_site.each_context(request),
                 "title": _("Workflow dashboard"),
                 "subtitle": None,
                 "opts": opts,
                 "pikku_refresh": refresh,
                 "pikku_panel_url": f"{request.path}?{urlencode({'panel': 1})}",
-                "media": self.media,  # type: ignore[attr-defined]
+                "media": self.media,
             }
         )
         return TemplateResponse(request, self.dashboard_template, context)

@@ -16,7 +16,7 @@ from pikku_django.models import WorkerHeartbeat
 
 
 @admin.register(WorkerHeartbeat)
-class WorkerHeartbeatAdmin(ReadOnlyAdminMixin, WorkflowDatabaseMixin, admin.ModelAdmin):
+class WorkerHeartbeatAdmin(ReadOnlyAdminMixin, WorkflowDatabaseMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """The workers that recorded a heartbeat, most recently seen first."""
 
     list_display = (

@@ -33,7 +33,7 @@ class LiveFilter(admin.SimpleListFilter):
 
 
 @admin.register(Lease)
-class LeaseAdmin(admin.ModelAdmin):
+class LeaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Leases are written only by the lease service: this screen only shows them.
 
     Deleting a row would reset its fencing token, so nobody may.
@@ -51,7 +51,7 @@ class LeaseAdmin(admin.ModelAdmin):
     @admin.display(description=_("expires"), ordering="expires_at")
     def expires(self, obj: Lease) -> datetime.datetime | str:
         if obj.expires_at <= 0:
-            return _("released")
+            return str(_("released"))
         return datetime.datetime.fromtimestamp(obj.expires_at / 1000, tz=datetime.UTC).astimezone(
             timezone.get_current_timezone()
         )

@@ -60,7 +60,7 @@ def ready_steps(steps: QuerySet[WorkflowStep], now: datetime) -> QuerySet[Workfl
     )
 
 
-def runs_in_queue(queue: str, using: str) -> QuerySet[WorkflowStep]:
+def runs_in_queue(queue: str, using: str) -> QuerySet[WorkflowStep, Any]:
     """The ids of runs with a step on ``queue`` (for ``pk__in``)."""
     return WorkflowStep.objects.using(using).filter(queue=queue).values("run_id")
 

@@ -7,6 +7,7 @@ and the dashboard) for users who may view workflow runs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -19,6 +20,7 @@ from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from pikku_django.admin._typing import AdminMixin
 from pikku_django.admin.dashboard import changelist
 from pikku_django.admin.formatting import EMPTY, format_duration, workflow_database
 from pikku_django.dbclock import store_now_ms
@@ -80,7 +82,7 @@ def queue_rows(using: str) -> list[QueueRow]:
     }
     rows = []
     for name in sorted(set(counted) | set(config.queues)):
-        found: dict[str, Any] = counted.get(name, {})
+        found: Mapping[str, Any] = counted.get(name, {})
         declared = config.queues.get(name)
         rate = declared.rate if declared is not None else None
         oldest = found.get("oldest")
@@ -126,40 +128,40 @@ def key_rows(using: str) -> list[KeyRow]:
     )
     return [
         KeyRow(
-            key=row["concurrency_key"],
+            key=str(row["concurrency_key"]),  # never null: filtered above
             in_progress=row["in_progress"],
             waiting=row["waiting"],
             limit=row["limit"],
-            url=changelist("workflowrun", concurrency_key=row["concurrency_key"]),
+            url=changelist("workflowrun", concurrency_key=str(row["concurrency_key"])),
         )
         for row in rows
     ]
 
 
-class QueuesPageMixin:
+class QueuesPageMixin(AdminMixin):
     """Adds the queues page to the runs' admin."""
 
     queues_template = "admin/pikku_django/queues.html"
 
     def get_urls(self) -> list[URLPattern]:
-        opts = self.opts  # type: ignore[attr-defined]
-        view = self.admin_site.admin_view(self.queues_view)  # type: ignore[attr-defined]
+        opts = self.opts
+        view = self.admin_site.admin_view(self.queues_view)
         return [
             path("queues/", view, name=f"{opts.app_label}_{opts.model_name}_queues"),
-            *super().get_urls(),  # type: ignore[misc]
+            *super().get_urls(),
         ]
 
     def queues_view(self, request: HttpRequest) -> HttpResponse:
-        if not self.has_view_permission(request):  # type: ignore[attr-defined]
+        if not self.has_view_permission(request):
             raise PermissionDenied
         using = workflow_database()
-        request.current_app = self.admin_site.name  # type: ignore[attr-defined]
+        request.current_app = self.admin_site.name
         context: dict[str, Any] = {
-            **self.admin_site.each_context(request),  # type: ignore[attr-defined]
+            **self.admin_site.each_context(request),
             "title": _("Queues and limits"),
             "subtitle": None,
-            "opts": self.opts,  # type: ignore[attr-defined]
-            "media": self.media,  # type: ignore[attr-defined]
+            "opts": self.opts,
+            "media": self.media,
             "pikku_queues": queue_rows(using),
             "pikku_keys": key_rows(using),
             "pikku_keys_shown": KEYS_SHOWN,

@@ -9,6 +9,7 @@ row whose declaration has gone may be deleted (with "Can delete schedule").
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -21,7 +22,8 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from pikku_django.admin.workflows import EMPTY, json_block
+from pikku_django.admin.formatting import EMPTY
+from pikku_django.admin.workflows import json_block
 from pikku_django.models import Schedule
 from pikku_django.schedules import (
     ScheduleError,
@@ -33,7 +35,7 @@ from pikku_django.schedules.store import cron_of, database
 from pikku_django.workflows.errors import WorkflowNotFoundError
 
 
-def in_zone(row: Schedule, moment: Any) -> str:
+def in_zone(row: Schedule, moment: datetime | None) -> str:
     """``moment`` in the schedule's time zone, to the second; a dash when empty."""
     if moment is None:
         return EMPTY
@@ -44,7 +46,7 @@ def in_zone(row: Schedule, moment: Any) -> str:
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Declared schedules with their next tick and last run; switched by actions."""
 
     list_display = (

@@ -21,6 +21,7 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils.translation import gettext as _
 
+from pikku_django.admin._typing import AdminMixin
 from pikku_django.models import TriggerSource
 from pikku_django.webhooks import lifecycle
 from pikku_django.webhooks.lifecycle import SourceError
@@ -63,32 +64,32 @@ def valid_base_url(value: str) -> bool:
     )
 
 
-class SourceSwitchMixin:
+class SourceSwitchMixin(AdminMixin):
     """Adds ``<source>/switch/<enable|disable>/`` to the trigger sources' admin."""
 
     switch_template = "admin/pikku_django/triggersource/switch_confirm.html"
 
     def get_urls(self) -> list[URLPattern]:
-        opts = self.opts  # type: ignore[attr-defined]
-        view = self.admin_site.admin_view(self.switch_view)  # type: ignore[attr-defined]
+        opts = self.opts
+        view = self.admin_site.admin_view(self.switch_view)
         name = f"{opts.app_label}_{opts.model_name}_switch"
         return [
             path("<path:object_id>/switch/<str:switch>/", view, name=name),
-            *super().get_urls(),  # type: ignore[misc]
+            *super().get_urls(),
         ]
 
     def has_switch_permission(self, request: HttpRequest) -> bool:
         """Enable and disable: the model's "change" permission unless overridden."""
-        opts = self.opts  # type: ignore[attr-defined]
+        opts = self.opts
         codename = get_permission_codename("change", opts)
         return bool(request.user.has_perm(f"{opts.app_label}.{codename}"))
 
     def tell(self, request: HttpRequest, verb: str, outcome: Any) -> None:
         """Tell the user what a switch did (one message; admins may say more)."""
-        self.message_user(request, f"{verb}: {outcome}")  # type: ignore[attr-defined]
+        self.message_user(request, f"{verb}: {outcome}")
 
     def switch_url(self, row: TriggerSource, switch: Switch) -> str:
-        opts = self.opts  # type: ignore[attr-defined]
+        opts = self.opts
         return reverse(
             f"admin:{opts.app_label}_{opts.model_name}_switch", args=[quote(row.pk), switch]
         )
@@ -109,17 +110,18 @@ class SourceSwitchMixin:
                 "url": self.switch_url(row, switch),
                 "label": _("Disable") if row.enabled else _("Enable"),
             }
-        return super().change_view(request, object_id, form_url, extra)  # type: ignore[misc]
+        response: HttpResponse = super().change_view(request, object_id, form_url, extra)
+        return response
 
     def switch_view(self, request: HttpRequest, object_id: str, switch: str) -> HttpResponse:
         if switch not in Switch.__members__.values():
             raise Http404(f"No switch {switch!r}")
-        row = self.get_object(request, unquote(object_id))  # type: ignore[attr-defined]
+        row = self.get_object(request, unquote(object_id))
         if row is None:
             raise Http404("No such trigger source")
         if not self.has_switch_permission(request):
             raise PermissionDenied
-        opts = self.opts  # type: ignore[attr-defined]
+        opts = self.opts
         back = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[quote(row.pk)])
         source = get_source(row.name)
         enable = switch == Switch.ENABLE
@@ -132,7 +134,7 @@ class SourceSwitchMixin:
             else:
                 return self._switch(request, row, enable, base_url or None, back)
         context = {
-            **self.admin_site.each_context(request),  # type: ignore[attr-defined]
+            **self.admin_site.each_context(request),
             "title": (_("Enable %(name)s?") if enable else _("Disable %(name)s?"))
             % {"name": row.name},
             "subtitle": None,
@@ -145,9 +147,9 @@ class SourceSwitchMixin:
             "error": error,
             "route": "/" + (source.route or "") if source else "",
             "back_url": back,
-            "media": self.media,  # type: ignore[attr-defined]
+            "media": self.media,
         }
-        request.current_app = self.admin_site.name  # type: ignore[attr-defined]
+        request.current_app = self.admin_site.name
         return TemplateResponse(request, self.switch_template, context)
 
     def _switch(
@@ -164,7 +166,7 @@ class SourceSwitchMixin:
             else:
                 outcome = lifecycle.disable(row.name)
         except SourceError as exc:
-            self.message_user(request, f"{row.name}: {exc}", messages.ERROR)  # type: ignore[attr-defined]
+            self.message_user(request, f"{row.name}: {exc}", messages.ERROR)
             return HttpResponseRedirect(back)
         verb = _("enabled") if enable else _("disabled")
         self.tell(request, verb, outcome)
@@ -177,6 +179,6 @@ class SourceSwitchMixin:
         if base_url:
             message += " " + _("(base URL %(url)s)") % {"url": base_url}
         row.refresh_from_db()
-        self.log_change(request, row, message)  # type: ignore[attr-defined]
+        self.log_change(request, row, message)
         logger.info("Source %s %s from the admin by %s", row.name, verb, request.user)
         return HttpResponseRedirect(back)

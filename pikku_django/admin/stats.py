@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db.models import Count, Min, QuerySet
 from django.db.models.functions import TruncMinute
@@ -83,7 +84,7 @@ class Figures:
     stuck: list[WorkflowRun] = field(default_factory=list)
 
 
-def per_minute(rows: QuerySet, since: datetime, buckets: int) -> list[int]:
+def per_minute(rows: QuerySet[Any, Any], since: datetime, buckets: int) -> list[int]:
     """Counts keyed by minute (rows of ``minute`` and ``n``) laid out oldest first."""
     counts = [0] * buckets
     start = since.replace(second=0, microsecond=0)
@@ -118,7 +119,7 @@ def collect(using: str, *, now: datetime | None = None) -> Figures:
         key=lambda w: (-w.total, w.workflow),
     )
 
-    def minutes(qs: QuerySet, column: str) -> list[int]:
+    def minutes(qs: QuerySet[Any], column: str) -> list[int]:
         rows = (
             qs.filter(**{f"{column}__gte": since})
             # Truncated in UTC: no time zone tables needed (MySQL), the same minutes everywhere.
@@ -141,14 +142,14 @@ def collect(using: str, *, now: datetime | None = None) -> Figures:
 
     loads: dict[str, dict[str, object]] = defaultdict(dict)
     running = steps.filter(status=StepStatus.RUNNING).values("queue").annotate(n=Count("id"))
-    for row in running:
-        loads[row["queue"]]["running"] = row["n"]
+    for queue_running in running:
+        loads[queue_running["queue"]]["running"] = queue_running["n"]
     ready = (
         ready_steps(steps, now).values("queue").annotate(n=Count("id"), oldest=Min("available_at"))
     )
-    for row in ready:
-        loads[row["queue"]]["waiting"] = row["n"]
-        loads[row["queue"]]["oldest_ready"] = row["oldest"]
+    for queue_ready in ready:
+        loads[queue_ready["queue"]]["waiting"] = queue_ready["n"]
+        loads[queue_ready["queue"]]["oldest_ready"] = queue_ready["oldest"]
     queues = [QueueLoad(name, **values) for name, values in sorted(loads.items())]  # type: ignore[arg-type]
 
     stuck = list(

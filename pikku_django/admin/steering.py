@@ -25,6 +25,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from pikku_django.admin._typing import AdminMixin
 from pikku_django.admin.formatting import status_badge, workflow_title
 from pikku_django.models import RunStatus, WorkflowRun
 from pikku_django.workflows import cancel_workflow, resume_workflow, retry_workflow
@@ -105,7 +106,9 @@ class ConfirmForm(forms.Form):
 class ResumeForm(forms.Form):
     """Resume hands the suspended run a JSON value (empty: ``null``)."""
 
-    data = forms.JSONField(
+    # A field named ``data``: the form's metaclass moves it into ``base_fields``, so
+    # it never shadows the bound data, ``BaseForm.data`` (which the stubs see).
+    data = forms.JSONField(  # type: ignore[assignment]
         label=gettext_lazy("Data"),
         required=False,
         widget=forms.Textarea(attrs={"rows": 8, "cols": 60, "spellcheck": "false"}),
@@ -117,38 +120,38 @@ class ResumeForm(forms.Form):
 
 
 def log_operation(
-    modeladmin: admin.ModelAdmin, request: HttpRequest, run: WorkflowRun, message: str
+    modeladmin: admin.ModelAdmin[Any], request: HttpRequest, run: WorkflowRun, message: str
 ) -> None:
     """Record in the admin log (the run's History) who did what to ``run``."""
     modeladmin.log_change(request, run, message)
 
 
-class RunSteeringMixin:
+class RunSteeringMixin(AdminMixin):
     """Adds ``<run>/steer/<operation>/`` to a run admin: confirm, then operate and log."""
 
     steer_template = "admin/pikku_django/workflowrun/steer_confirm.html"
 
     def get_urls(self) -> list[URLPattern]:
-        opts = self.opts  # type: ignore[attr-defined]
-        view = self.admin_site.admin_view(self.steer_view)  # type: ignore[attr-defined]
+        opts = self.opts
+        view = self.admin_site.admin_view(self.steer_view)
         name = f"{opts.app_label}_{opts.model_name}_steer"
         return [
             path("<path:object_id>/steer/<str:operation>/", view, name=name),
-            *super().get_urls(),  # type: ignore[misc]
+            *super().get_urls(),
         ]
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """Cancel, resume and retry: the model's "change" permission unless overridden."""
-        opts = self.opts  # type: ignore[attr-defined]
+        opts = self.opts
         codename = get_permission_codename("change", opts)
         return bool(request.user.has_perm(f"{opts.app_label}.{codename}"))
 
     def steer_url(self, run: WorkflowRun, operation: str) -> str:
-        opts = self.opts  # type: ignore[attr-defined]
+        opts = self.opts
         return reverse(
             f"admin:{opts.app_label}_{opts.model_name}_steer",
             args=[run.pk, operation],
-            current_app=self.admin_site.name,  # type: ignore[attr-defined]
+            current_app=self.admin_site.name,
         )
 
     def offered_operations(
@@ -165,19 +168,19 @@ class RunSteeringMixin:
         op = OPERATIONS.get(operation)
         if op is None:
             raise Http404(f"No run operation {operation!r}")
-        run = self.get_object(request, object_id)  # type: ignore[attr-defined]
+        run = self.get_object(request, object_id)
         if run is None:
             raise Http404("No such workflow run")
         if not self.has_operate_permission(request):
             raise PermissionDenied
-        opts = self.opts  # type: ignore[attr-defined]
+        opts = self.opts
         back = reverse(
             f"admin:{opts.app_label}_{opts.model_name}_change",
             args=[run.pk],
-            current_app=self.admin_site.name,  # type: ignore[attr-defined]
+            current_app=self.admin_site.name,
         )
         if not op.applies_to(run):
-            self.message_user(  # type: ignore[attr-defined]
+            self.message_user(
                 request,
                 _("This run is %(status)s: it cannot be %(past)s.")
                 % {"status": run.get_status_display(), "past": op.past},
@@ -191,24 +194,24 @@ class RunSteeringMixin:
             try:
                 op.call(run, data)
             except WorkflowError as exc:
-                self.message_user(  # type: ignore[attr-defined]
+                self.message_user(
                     request,
                     _("The run could not be %(past)s: %(error)s") % {"past": op.past, "error": exc},
                     messages.ERROR,
                 )
                 return HttpResponseRedirect(back)
-            log_operation(self, request, run, op.log_message(data))  # type: ignore[arg-type]
+            log_operation(self, request, run, op.log_message(data))
             logger.info(
                 "%s run %s (%s) from the admin as %s", op.done, run.id, run.workflow, request.user
             )
-            self.message_user(  # type: ignore[attr-defined]
+            self.message_user(
                 request,
                 _("%(done)s run %(run)s.") % {"done": op.done, "run": run.id},
                 messages.SUCCESS,
             )
             return HttpResponseRedirect(back)
         context = {
-            **self.admin_site.each_context(request),  # type: ignore[attr-defined]
+            **self.admin_site.each_context(request),
             "title": _("%(button)s this run?") % {"button": op.button},
             "subtitle": None,
             "opts": opts,
@@ -218,7 +221,7 @@ class RunSteeringMixin:
             "operation": op,
             "form": form,
             "back_url": back,
-            "media": self.media + form.media,  # type: ignore[attr-defined]
+            "media": self.media + form.media,
         }
-        request.current_app = self.admin_site.name  # type: ignore[attr-defined]
+        request.current_app = self.admin_site.name
         return TemplateResponse(request, self.steer_template, context)

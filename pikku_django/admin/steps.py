@@ -33,7 +33,8 @@ class WorkflowDatabaseMixin:
     """Reads from ``PIKKU['WORKFLOW_DATABASE']`` rather than the default database."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(workflow_database())  # type: ignore[misc]
+        found: QuerySet[Any] = super().get_queryset(request)  # type: ignore[misc]
+        return found.using(workflow_database())
 
 
 class ReadOnlyAdminMixin:
@@ -80,7 +81,10 @@ class AttemptColumnsMixin:
 
 
 class StepAttemptInline(
-    AttemptColumnsMixin, ReadOnlyAdminMixin, WorkflowDatabaseMixin, admin.TabularInline
+    AttemptColumnsMixin,
+    ReadOnlyAdminMixin,
+    WorkflowDatabaseMixin,
+    admin.TabularInline,  # type: ignore[type-arg]
 ):
     """A step's attempts, oldest first."""
 
@@ -102,7 +106,7 @@ class StepAttemptInline(
 
 
 @admin.register(WorkflowStep)
-class WorkflowStepAdmin(ReadOnlyAdminMixin, WorkflowDatabaseMixin, admin.ModelAdmin):
+class WorkflowStepAdmin(ReadOnlyAdminMixin, WorkflowDatabaseMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Steps of every run, read-only: edits would break the engine's fencing."""
 
     list_display = (
@@ -146,7 +150,8 @@ class WorkflowStepAdmin(ReadOnlyAdminMixin, WorkflowDatabaseMixin, admin.ModelAd
         css = ADMIN_CSS
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowStep]:
-        return super().get_queryset(request).annotate(store_now=EpochMs())
+        found: QuerySet[WorkflowStep] = super().get_queryset(request)
+        return found.annotate(store_now=EpochMs())
 
     @admin.display(description=gettext_lazy("run"), ordering="run__created_at")
     def run_link(self, obj: WorkflowStep) -> SafeString:
@@ -179,7 +184,7 @@ class WorkflowStepAdmin(ReadOnlyAdminMixin, WorkflowDatabaseMixin, admin.ModelAd
 
     @admin.display(description=gettext_lazy("child run"))
     def child_run_link(self, obj: WorkflowStep) -> SafeString | str:
-        return admin_link(obj.child_run) if obj.child_run_id else EMPTY
+        return admin_link(obj.child_run) if obj.child_run is not None else EMPTY
 
     @admin.display(description=gettext_lazy("input"))
     def input_json(self, obj: WorkflowStep) -> SafeString | str:
@@ -196,7 +201,10 @@ class WorkflowStepAdmin(ReadOnlyAdminMixin, WorkflowDatabaseMixin, admin.ModelAd
 
 @admin.register(StepAttempt)
 class StepAttemptAdmin(
-    AttemptColumnsMixin, ReadOnlyAdminMixin, WorkflowDatabaseMixin, admin.ModelAdmin
+    AttemptColumnsMixin,
+    ReadOnlyAdminMixin,
+    WorkflowDatabaseMixin,
+    admin.ModelAdmin,  # type: ignore[type-arg]
 ):
     """Every attempt of every step, read-only: the history as it happened."""
 

@@ -54,7 +54,7 @@ OUTCOME_LEVELS = {"error": messages.ERROR, "manual": messages.WARNING}
 
 
 @admin.register(TriggerSource)
-class TriggerSourceAdmin(SourceSwitchMixin, admin.ModelAdmin):
+class TriggerSourceAdmin(SourceSwitchMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Declared sources, their switch and their provider registration; read-only."""
 
     list_display = ("name", "enabled", "declared", "status", "short_detail", "updated_at")
@@ -232,7 +232,7 @@ def declared_credentials() -> list[str]:
     return sorted({s.credential for s in sources() if s.credential})
 
 
-class CredentialAddForm(forms.ModelForm):
+class CredentialAddForm(forms.ModelForm):  # type: ignore[type-arg]
     """A new value for a credential: typed into a password field, stored encrypted."""
 
     value = forms.CharField(
@@ -274,7 +274,7 @@ class CredentialAddForm(forms.ModelForm):
 
 
 @admin.register(CredentialValue)
-class CredentialValueAdmin(admin.ModelAdmin):
+class CredentialValueAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Credential values: added through a password field, then only retired or restored."""
 
     add_form = CredentialAddForm
@@ -283,15 +283,17 @@ class CredentialValueAdmin(admin.ModelAdmin):
     search_fields = ("credential",)
     actions = ("retire_values",)
 
-    def get_form(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
         if obj is None:
             kwargs["form"] = self.add_form
-        return super().get_form(request, obj, **kwargs)
+        return super().get_form(request, obj, change, **kwargs)
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         if obj is None:
-            return ["credential", "value", "replace"]
-        return ["credential", "hint_display", "active", "created_at"]
+            return ("credential", "value", "replace")
+        return ("credential", "hint_display", "active", "created_at")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         if obj is None:
@@ -337,7 +339,7 @@ class CredentialValueAdmin(admin.ModelAdmin):
 
 
 @admin.register(WebhookReceipt)
-class WebhookReceiptAdmin(admin.ModelAdmin):
+class WebhookReceiptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Accepted events, once each per (source, event, provider id); read-only."""
 
     list_display = ("source", "event", "provider_id", "received_at", "run_link")

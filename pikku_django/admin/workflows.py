@@ -104,7 +104,11 @@ class QueueFilter(admin.SimpleListFilter):
 
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(
-    QueuesPageMixin, DashboardMixin, RunSteeringMixin, WorkflowDatabaseMixin, admin.ModelAdmin
+    QueuesPageMixin,
+    DashboardMixin,
+    RunSteeringMixin,
+    WorkflowDatabaseMixin,
+    admin.ModelAdmin,  # type: ignore[type-arg]
 ):
     """Runs, read-only, with their step timeline and tree; steered by buttons and actions."""
 
@@ -232,7 +236,8 @@ class WorkflowRunAdmin(
 
         to_delete = collector.nested(describe)
         model_count = {
-            str(model._meta.verbose_name_plural): len(found)
+            # django-stubs keys model_objs by str; Django keys it by model class.
+            str(model._meta.verbose_name_plural): len(found)  # type: ignore[attr-defined]
             for model, found in collector.model_objs.items()
         }
         perms_needed: set[str] = set()

@@ -166,7 +166,7 @@ class DatabaseLeaseService(LeaseService):
             )
 
     @contextmanager
-    def _cursor(self) -> Iterator[Any]:
+    def _cursor(self) -> Iterator[tuple[LeaseSQL, Any]]:
         dialect = self.dialect
         self._check_not_inside_sqlite_write_lock()
         with self._pool.connection() as conn:

@@ -18,6 +18,16 @@ from pikku_django.leases.base import now_ms
 Row = tuple[int, int]  # (token, expires_at)
 
 
+def _row(row: Any) -> Row | None:
+    """A (token, expires_at) row as ints (a driver's cursor rows are untyped)."""
+    return None if row is None else (int(row[0]), int(row[1]))
+
+
+def _held(row: Any) -> tuple[str, int, int] | None:
+    """A (holder, token, expires_at) row, typed."""
+    return None if row is None else (str(row[0]), int(row[1]), int(row[2]))
+
+
 class LeaseSQL(abc.ABC):
     """One vendor's lease statements."""
 
@@ -80,20 +90,20 @@ class PostgreSQLLeaseSQL(LeaseSQL):
 
     def acquire(self, cursor: Any, key: str, holder: str, ttl_ms: int) -> Row | None:
         cursor.execute(self.ACQUIRE, (key, holder, ttl_ms, ttl_ms, ttl_ms))
-        return cursor.fetchone()
+        return _row(cursor.fetchone())
 
     def refresh(self, cursor: Any, key: str, holder: str, token: int, ttl_ms: int) -> int | None:
         cursor.execute(self.REFRESH, (ttl_ms, key, holder, token))
         row = cursor.fetchone()
-        return None if row is None else row[0]
+        return None if row is None else int(row[0])
 
     def release(self, cursor: Any, key: str, holder: str, token: int) -> bool:
         cursor.execute(self.RELEASE, (key, holder, token))
-        return cursor.rowcount > 0
+        return bool(cursor.rowcount > 0)
 
     def get(self, cursor: Any, key: str) -> tuple[str, int, int] | None:
         cursor.execute(self.GET, (key,))
-        return cursor.fetchone()
+        return _held(cursor.fetchone())
 
 
 class MySQLLeaseSQL(LeaseSQL):
@@ -146,12 +156,11 @@ class MySQLLeaseSQL(LeaseSQL):
 
     def release(self, cursor: Any, key: str, holder: str, token: int) -> bool:
         cursor.execute(self.RELEASE, (key, holder, token))
-        return cursor.rowcount > 0
+        return bool(cursor.rowcount > 0)
 
     def get(self, cursor: Any, key: str) -> tuple[str, int, int] | None:
         cursor.execute(self.GET, (key,))
-        row = cursor.fetchone()
-        return None if row is None else (row[0], int(row[1]), int(row[2]))
+        return _held(cursor.fetchone())
 
 
 class MariaDBLeaseSQL(MySQLLeaseSQL):
@@ -194,21 +203,21 @@ class SQLiteLeaseSQL(LeaseSQL):
         now = now_ms()
         cursor.execute(self.ACQUIRE, (key, holder, now + ttl_ms, now, now))
         rows = cursor.fetchall()
-        return rows[0] if rows else None
+        return _row(rows[0]) if rows else None
 
     def refresh(self, cursor: Any, key: str, holder: str, token: int, ttl_ms: int) -> int | None:
         now = now_ms()
         cursor.execute(self.REFRESH, (now + ttl_ms, key, holder, token, now))
         rows = cursor.fetchall()
-        return rows[0][0] if rows else None
+        return int(rows[0][0]) if rows else None
 
     def release(self, cursor: Any, key: str, holder: str, token: int) -> bool:
         cursor.execute(self.RELEASE, (key, holder, token, now_ms()))
-        return cursor.rowcount > 0
+        return bool(cursor.rowcount > 0)
 
     def get(self, cursor: Any, key: str) -> tuple[str, int, int] | None:
         cursor.execute(self.GET, (key, now_ms()))
-        return cursor.fetchone()
+        return _held(cursor.fetchone())
 
 
 def dialect_for(connection: Any, *, mysql_returning: bool = True) -> LeaseSQL:

@@ -35,7 +35,10 @@ def _permission_check() -> Callable[[HttpRequest, RunSnapshot], bool]:
         return lambda request, run: bool(
             request.user.is_authenticated and request.user.has_perm("pikku_django.view_workflowrun")
         )
-    return import_string(check) if isinstance(check, str) else check
+    found: Callable[[HttpRequest, RunSnapshot], bool] = (
+        import_string(check) if isinstance(check, str) else check
+    )
+    return found
 
 
 def _visible_run(request: HttpRequest, run_id: uuid.UUID) -> RunSnapshot:
@@ -146,7 +149,7 @@ async def _async_frames(run_id: str, using: str) -> AsyncIterator[bytes]:
 
 
 @require_GET
-def run_stream(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
+def run_stream(request: HttpRequest, run_id: uuid.UUID) -> StreamingHttpResponse:
     """Follow a run live as server-sent events (WSGI and ASGI)."""
     snap = _visible_run(request, run_id)
     using = pikku_settings.WORKFLOW_DATABASE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from pikku_django.webhooks.signatures import HEX, decode_base64, decode_hex
@@ -72,8 +73,13 @@ def _parse_public_key(text: str, algorithm: str) -> Any:
     return serialization.load_der_public_key(raw)
 
 
-def _hash(name: str) -> Any:
-    return {"sha256": hashes.SHA256, "sha384": hashes.SHA384, "sha512": hashes.SHA512}[name]()
+def _hash(name: str) -> hashes.HashAlgorithm:
+    made: dict[str, Callable[[], hashes.HashAlgorithm]] = {
+        "sha256": hashes.SHA256,
+        "sha384": hashes.SHA384,
+        "sha512": hashes.SHA512,
+    }
+    return made[name]()
 
 
 def verify_public_key_signature(key: Any, algorithm: str, signature: bytes, message: bytes) -> bool:

@@ -22,10 +22,12 @@ from pikku_django.conf import pikku_settings
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from cryptography.fernet import MultiFernet
+
     from pikku_django.webhooks.secret_checks import UnusableSecret
 
 
-def _fernet() -> Any:
+def _fernet() -> MultiFernet:
     try:
         from cryptography.fernet import Fernet, MultiFernet
     except ImportError as exc:

@@ -39,12 +39,12 @@ __all__ = [
     "strip_prefix",
 ]
 
-#: A signature, timestamp or delivery-id header longer than this is malformed.
 MAX_HEADER_LENGTH = 4096
-#: At most this many signatures in one header (bounds the work per request).
+"""A signature, timestamp or delivery-id header longer than this is malformed."""
 MAX_SIGNATURES = 16
-#: A delivery id longer than this is malformed.
+"""At most this many signatures in one header (bounds the work per request)."""
 MAX_DELIVERY_ID_LENGTH = 255
+"""A delivery id longer than this is malformed."""
 #: A timestamp header: unix seconds, ASCII digits only.
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")

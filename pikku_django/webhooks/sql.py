@@ -61,13 +61,13 @@ def _state_sql(quote: Callable[[str], str]) -> str:
     value = CredentialValue._meta
 
     def col(meta: Any, name: str) -> str:
-        return quote(meta.get_field(name).column)
+        return quote(str(meta.get_field(name).column))
 
     return (
         f"SELECT s.{col(source, 'enabled')}, c.{col(value, 'ciphertext')} "
         f"FROM {quote(source.db_table)} s LEFT JOIN {quote(value.db_table)} c "
         f"ON c.{col(value, 'credential')} = %s AND c.{col(value, 'active')} = %s "
-        f"WHERE s.{col(source, 'name')} = %s ORDER BY c.{quote(value.pk.column)}"
+        f"WHERE s.{col(source, 'name')} = %s ORDER BY c.{quote(str(value.pk.column))}"
     )
 
 
@@ -143,7 +143,7 @@ _built: dict[tuple[str, bool, bool, bool], str] = {}
 
 def _columns(model: type[Model], names: tuple[str, ...], quote: Callable[[str], str]) -> str:
     fields = {f.attname: f for f in model._meta.concrete_fields}
-    return ", ".join(quote(fields[name].column) for name in names)
+    return ", ".join(quote(str(fields[name].column)) for name in names)
 
 
 def _postgresql(quote: Callable[[str], str], notify: bool, gate: bool, checked: bool) -> str:
@@ -154,14 +154,19 @@ def _postgresql(quote: Callable[[str], str], notify: bool, gate: bool, checked: 
     if gate:
         source = TriggerSource._meta
         value = CredentialValue._meta
+
+        def s(name: str) -> str:
+            return _columns(TriggerSource, (name,), quote)
+
+        def v(name: str) -> str:
+            return _columns(CredentialValue, (name,), quote)
+
         head = (
             f"WITH gate AS (SELECT 1 FROM {quote(source.db_table)} "
-            f"WHERE {quote(source.get_field('name').column)} = %s "
-            f"AND {quote(source.get_field('enabled').column)} "
-            f"AND COALESCE((SELECT string_agg({quote(value.get_field('ciphertext').column)}, ',' "
-            f"ORDER BY {quote(value.pk.column)}) FROM {quote(value.db_table)} "
-            f"WHERE {quote(value.get_field('credential').column)} = %s "
-            f"AND {quote(value.get_field('active').column)}), '') = %s), "
+            f"WHERE {s('name')} = %s AND {s('enabled')} "
+            f"AND COALESCE((SELECT string_agg({v('ciphertext')}, ',' "
+            f"ORDER BY {quote(str(value.pk.column))}) FROM {quote(value.db_table)} "
+            f"WHERE {v('credential')} = %s AND {v('active')}), '') = %s), "
         )
         rows = f"SELECT {values} FROM gate"
         opened = "(SELECT count(*) FROM gate)"
@@ -278,7 +283,7 @@ _MYSQL_VALUE_ERRORS = frozenset({3140, 3157, 3819, 4025})
 
 def _refused_value(exc: OperationalError) -> bool:
     cause = exc.__cause__
-    args = getattr(cause, "args", ())
+    args: tuple[Any, ...] = getattr(cause, "args", ())
     return bool(args) and args[0] in _MYSQL_VALUE_ERRORS and "MySQLdb" in type(cause).__module__
 
 

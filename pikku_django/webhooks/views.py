@@ -184,7 +184,10 @@ def _check_signature(
         )
         raise Answered(_error(401, "webhook secret is not set"))
     try:
-        return source.verify.verify(request.headers, body, state.secrets, now=time.time())
+        verified: VerifiedRequest = source.verify.verify(
+            request.headers, body, state.secrets, now=time.time()
+        )
+        return verified
     except MalformedSignatureError as exc:
         raise Answered(_error(400, f"malformed signature: {exc}")) from None
     except WebhookVerificationError as exc:

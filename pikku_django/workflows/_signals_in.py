@@ -51,8 +51,8 @@ class EventTimeout(enum.Enum):
         return False
 
 
-#: ``ctx.wait_for_event(...) is TIMED_OUT`` when no event came in time.
 TIMED_OUT = EventTimeout.TIMED_OUT
+"""``ctx.wait_for_event(...) is TIMED_OUT`` when no event came in time."""
 
 
 class EventOutcome(enum.StrEnum):

@@ -67,6 +67,7 @@ def register_intake(intake: Intake) -> None:
 
 
 def unregister_intake(name: str) -> None:
+    """Stop starting the runs of the intake registered as ``name`` (if any)."""
     with _lock:
         _intakes.pop(name, None)
 

@@ -34,8 +34,10 @@ _steps: dict[str, StepDefinition] = {}
 _prefixes: dict[str, Callable[[str], WorkflowDefinition | None]] = {}
 
 
-#: The range of a run's priority (that of ``django.tasks``): higher is claimed first.
-PRIORITY_MIN, PRIORITY_MAX = -100, 100
+PRIORITY_MIN = -100
+"""The lowest priority a run may have (``django.tasks``'s range): claimed last."""
+PRIORITY_MAX = 100
+"""The highest priority a run may have (``django.tasks``'s range): claimed first."""
 
 
 @dataclass(frozen=True)
