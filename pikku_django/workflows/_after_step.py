@@ -12,6 +12,7 @@ not taken: the success is recorded alone, and the run passed as usual.
 from __future__ import annotations
 
 import copy
+import enum
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +56,15 @@ logger = workflow_logger(__name__)
 #: How many (workflow, step) pairs whose pass after them wrote something else are
 #: remembered, so that their next successes are recorded alone at once.
 REMEMBERED = 4096
+
+
+class Unwritten(enum.Enum):
+    """Why the pass after a step is not written with it."""
+
+    #: It reached something it must write first (a step, a sleep, a park...).
+    WRITES_FIRST = "writes first"
+    #: It met what the usual pass deals with (a missing function, a lost lease...).
+    LEFT_TO_PASS = "left to the pass"  # noqa: S105 - a reason, not a password
 
 
 @dataclass(frozen=True)
@@ -115,40 +125,66 @@ class PassAfterStep:
             run, steps, config=config, inline=self.replay.inline, claimer=claimer
         )
         recorder.write_nothing()
-        ctx = WorkflowContext(recorder)
         done = StepDone(claimed.step_id, claimed.attempt, stored, timezone.now())
         with log_context(run_id=str(run.id), workflow=run.workflow, step=None, attempt=None):
-            try:
-                held.vouch()
-                output = definition.fn(ctx, ctx.input)
-                check_no_unknown_patch(ctx, None)
-            except Pause:
-                request = recorder.claim_request
-                if request is None or recorder.claimer is None:
+            write = self._pass(recorder, definition.fn, held, done, release)
+            if isinstance(write, Unwritten):
+                if write is Unwritten.WRITES_FIRST:
                     self._not_taken(run, claimed)
-                    return None
-                claim = NewClaim.of(recorder, *request, config)
-                return self._claim(recorder, done, claim)
-            except (WritesRefused, StepsUnread):
-                self._not_taken(run, claimed)
                 return None
-            except (
-                StepFunctionNotFoundError,
-                UnknownPatchError,
-                WorkflowStepSupersededError,
-                LeaseLostError,
-                DatabaseError,
-            ):
-                return None  # the usual pass meets it again, and deals with it
-            except Exception as exc:
-                error = serialize_error(exc)
-                return self._finish(run, done, RunStatus.FAILED, error=error, release=release)
             try:
-                payload = to_json(output, f"The output of workflow {run.workflow!r}")
-            except NotSerializableError as exc:
-                error = serialize_error(exc)
-                return self._finish(run, done, RunStatus.FAILED, error=error, release=release)
-            return self._finish(run, done, RunStatus.COMPLETED, output=payload, release=release)
+                return write()
+            except DatabaseError:
+                # One statement (or transaction): nothing of it was written.
+                logger.warning(
+                    "Could not write step %s's success with the pass after it; "
+                    "recording it on its own",
+                    claimed.name,
+                    exc_info=True,
+                )
+                return None
+
+    def _pass(
+        self,
+        recorder: StepRecorder,
+        fn: Callable[..., Any],
+        held: HeldLease,
+        done: StepDone,
+        release: Lease | None,
+    ) -> Callable[[], AfterStep] | Unwritten:
+        """Run the pass without writing: the write of the success with what it did,
+        or why there is none."""
+        run = recorder.run
+        ctx = WorkflowContext(recorder)
+        try:
+            held.vouch()
+            output = fn(ctx, ctx.input)
+            check_no_unknown_patch(ctx, None)
+        except Pause:
+            request = recorder.claim_request
+            if request is None or recorder.claimer is None:
+                return Unwritten.WRITES_FIRST  # it parks
+            claim = NewClaim.of(recorder, *request, self.replay._config())
+            return lambda: self._claim(recorder, done, claim)
+        except (WritesRefused, StepsUnread):
+            return Unwritten.WRITES_FIRST
+        except (
+            StepFunctionNotFoundError,
+            UnknownPatchError,
+            WorkflowStepSupersededError,
+            LeaseLostError,
+            DatabaseError,
+        ):
+            return Unwritten.LEFT_TO_PASS
+        except Exception as exc:
+            error = serialize_error(exc)
+            return lambda: self._finish(run, done, RunStatus.FAILED, error=error, release=release)
+        try:
+            payload = to_json(output, f"The output of workflow {run.workflow!r}")
+        except NotSerializableError as exc:
+            error = serialize_error(exc)
+            return lambda: self._finish(run, done, RunStatus.FAILED, error=error, release=release)
+        return lambda: self._finish(run, done, RunStatus.COMPLETED, output=payload, release=release)
 
     def _not_taken(self, run: WorkflowRun, claimed: ClaimedStep) -> None:
         """The pass reached something to write: record such successes alone from now."""
