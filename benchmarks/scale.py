@@ -15,7 +15,10 @@ measured in the same run:
   tables (target p50 under 10 ms);
 - the loaded figures again with Django's default ``CONN_MAX_AGE = 0``, against 60;
 - an idle worker's server transactions per second, loaded against empty;
-- the rows per second ``pikku_prune`` deletes.
+- the rows per second ``pikku_prune`` deletes;
+- 1,000 runs of one queued step against 1,000 Procrastinate jobs, with the server
+  transactions of each (``throughput.py``'s pairing, in a process of its own;
+  ``--no-single`` leaves it out).
 
 Before every steps/s phase (the empty tables too) the pikku tables get the same
 ``VACUUM ANALYZE``, as a server's autovacuum would give them after a bulk load: freshly
@@ -40,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -378,7 +382,11 @@ def measure_long(bench: Bench, say: Callable[[str], None], repeats: int) -> dict
 
 
 def measure(
-    bench: Bench, say: Callable[[str], None], vacuum: bool, maintenance: dict[str, Any]
+    bench: Bench,
+    say: Callable[[str], None],
+    vacuum: bool,
+    maintenance: dict[str, Any],
+    single: bool = True,
 ) -> dict[str, Any]:
     from django.db import connections
 
@@ -446,7 +454,49 @@ def measure(
     rate, deleted = bench.prune_rows_per_second()
     out["prune_rows_per_s"] = figure(rate, None, "rows/s", "for information")
     say(f"pikku_prune: {deleted} rows at {rate:.0f} rows/s")
+    if single:
+        out.update(single_step_runs(say, quick=bench.size["runs"] < 100))
     return out
+
+
+def single_step_runs(say: Callable[[str], None], *, quick: bool) -> dict[str, Any]:
+    """1,000 runs of one queued step next to 1,000 Procrastinate jobs, with the server
+    transactions each costs: ``throughput.py``'s pairing of the two (one worker process
+    of four threads each, the same warm-up, medians of three interleaved repeats), in a
+    process of its own, in its own databases."""
+    argv = [
+        *(sys.executable, str(BENCH_DIR / "throughput.py"), "--databases", "postgres"),
+        *("--systems", "pikku_carried_cma60,procrastinate", "--kinds", "single"),
+        *("--conn-max-age", "60", "--memory-steps", "0", "--transactions"),
+        *(("--quick",) if quick else ("--concurrency", "4", "--repeat", "3")),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        say(f"single-step runs: throughput.py failed (exit {done.returncode})")
+        return {}
+    report = json.loads(lines[-1])["databases"]["postgres"]
+    pairing = next(
+        (p for p in json.loads(lines[-1])["targets"]["pairings"] if p["kind"] == "single"), None
+    )
+    if pairing is None:
+        say("single-step runs: no pairing (is Procrastinate installed? the bench extra)")
+        return {}
+    tx = report.get("transactions_per_unit", {})
+    ours, theirs = pairing["ours_best"]["median"], pairing["theirs_best"]["median"]
+    ours_tx = tx.get("pikku_carried_cma60", {}).get("single", {}).get("median")
+    theirs_tx = tx.get("procrastinate", {}).get("single", {}).get("median")
+    say(
+        f"1-step runs: {ours:.1f} runs/s ({ours_tx} transactions a run) against "
+        f"Procrastinate's single jobs {theirs:.1f} jobs/s ({theirs_tx} a job): "
+        f"{ours / theirs:.2f}"
+    )
+    return {
+        "single_step_runs_per_s": figure(ours, theirs, "runs/s", "ratio >= 1.0"),
+        "single_step_transactions_per_run": figure(
+            ours_tx or 0.0, theirs_tx, "transactions", "information"
+        ),
+    }
 
 
 def main() -> int:
@@ -487,6 +537,12 @@ def main() -> int:
         help="no CHECKPOINT at the start and after each phase's maintenance (for a server "
         "shared with other work, whose commits a checkpoint would stall)",
     )
+    parser.add_argument(
+        "--no-single",
+        dest="single",
+        action="store_false",
+        help="leave out 1,000 one-step runs against 1,000 Procrastinate jobs",
+    )
     args = parser.parse_args()
     global CHECKPOINT
     CHECKPOINT = args.checkpoint
@@ -513,7 +569,7 @@ def main() -> int:
     if args.only == "long":
         figures = measure_long(Bench(size), say, args.repeats)
     else:
-        figures = measure(Bench(size), say, args.vacuum, maintenance)
+        figures = measure(Bench(size), say, args.vacuum, maintenance, args.single)
     print(
         json.dumps(
             {
