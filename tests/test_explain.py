@@ -21,6 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from pikku_django.workflows._deadlines import next_deadline, overdue_runs, timed_out_suspensions
+from pikku_django.workflows.store._pg_sql import claim_due_runs_sql
 from pikku_django.workflows.store.postgresql import PostgresStore, _statements
 from tests.conftest import database_alias, db_mark
 
@@ -158,7 +159,12 @@ def test_the_workers_scheduled_queries_use_indexes_on_a_million_steps(
     now = timezone.now()
     statements = _statements()
     cases: list[tuple[str, str, list[Any]]] = [
-        ("claim_due_runs", statements["claim_due_runs"], [now, now, 10]),
+        ("claim_due_runs", claim_due_runs_sql(), [now, now, 10]),
+        (
+            "claim_due_runs_leased",
+            claim_due_runs_sql(leased=True),
+            [now, now, 1, "workflow-run:", "holder", 30_000, 30_000, 30_000, "workflow-run:"],
+        ),
         ("ready_steps_exist", statements["ready_steps_exist"], [now, now]),
         (
             "ready_steps_exist_on",
@@ -186,6 +192,7 @@ def test_the_workers_scheduled_queries_use_indexes_on_a_million_steps(
         seen.append((name, "custom"))
         problems += _check(name, "custom", plan)
     assert ("ready_steps_exist", "generic") in seen
+    assert ("claim_due_runs_leased", "generic") in seen
     assert ("retries_or_lapsed_exist_on", "generic") in seen
     assert any(name.startswith("stalled_runs") for name, _ in seen)
     assert any(name.startswith("overdue_runs") for name, _ in seen)
