@@ -6,6 +6,7 @@ pikku_django imports at start-up.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import uuid
@@ -145,6 +146,15 @@ def check_not_async_transactional(fn: Callable[..., Any], what: str) -> None:
 
 
 def _takes_no_arguments(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is called without its data (looked up once per function)."""
+    try:
+        return _takes_none(fn)
+    except TypeError:  # a callable that cannot be a key
+        return _takes_none.__wrapped__(fn)
+
+
+@functools.lru_cache(maxsize=1024)
+def _takes_none(fn: Callable[..., Any]) -> bool:
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):

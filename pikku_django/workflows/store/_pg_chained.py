@@ -18,9 +18,12 @@ from pikku_django.dbclock import POSTGRESQL_NOW_MS
 from pikku_django.leases.base import Lease
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.prepared import fetch, fetch_one
-from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._values import Chained, DueRun, NewStep, RunLeaseAsk, StepDone
-from pikku_django.workflows.store._pg_finish import finish_run_sql, step_done_ctes
+from pikku_django.workflows.store._pg_finish import (
+    finish_run_params,
+    finish_run_sql,
+    step_done_ctes,
+)
 from pikku_django.workflows.store._pg_sql import (
     ATTEMPTS,
     NEW_STEP_FIELDS,
@@ -34,7 +37,7 @@ from pikku_django.workflows.store._pg_sql import (
     _q,
     claim_due_runs_sql,
 )
-from pikku_django.workflows.store.base import CHANNEL, RUN_DONE_CHANNEL, ChainedWrites, columns
+from pikku_django.workflows.store.base import ChainedWrites, columns
 
 
 def jsonb_form(value: Any) -> Any:
@@ -205,35 +208,18 @@ class PostgresChainedWrites(ChainedWrites):
         pass_wake_at: datetime,
         release: Lease | None = None,
     ) -> Chained | None:
-        step_status, result, step_error = child_step_outcome(run_id, status, output, error)
-        failed = step_status == StepStatus.FAILED
         now = timezone.now()
-        params = [
-            *step_done_params(done, now),
+        params = step_done_params(done, now) + finish_run_params(
             run_id,
             status,
-            _jsonb(output),
-            _jsonb(error),
-            now,
-            run_id,
-            step_status,
-            _jsonb(result),
-            _jsonb(step_error),
-            failed,
-            now,
-            now,
-            now,
-            wake_at,
-            now,
-            failed,
-            pass_wake_at,
-            now,
-            run_id,
-            *(() if release is None else (release.key, release.holder, release.token)),
-            CHANNEL,
-            RUN_DONE_CHANNEL,
-            self._announcing(),
-        ]
+            output,
+            error,
+            now=now,
+            wake_at=wake_at,
+            notifying=self._announcing(),
+            pass_wake_at=pass_wake_at,
+            release=release,
+        )
         sql = finish_run_sql(after_step=True, release=release is not None)
         row = fetch_one(self.using, sql, params)
         if row is None:

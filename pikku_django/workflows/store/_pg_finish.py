@@ -9,10 +9,16 @@ statement then changes nothing and reports the parent waiting.
 from __future__ import annotations
 
 import functools
+import uuid
+from datetime import datetime
+from typing import Any
 
+from pikku_django.leases.base import Lease
 from pikku_django.leases.sql import PostgreSQLLeaseSQL
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
-from pikku_django.workflows.store.base import columns
+from pikku_django.workflows._child_outcome import child_step_outcome
+from pikku_django.workflows.store._pg_sql import _jsonb
+from pikku_django.workflows.store.base import CHANNEL, RUN_DONE_CHANNEL, columns
 
 
 def _q(name: str) -> str:
@@ -131,3 +137,44 @@ def step_done_ctes() -> str:
         f"{a('result')} = %s::jsonb, {a('error')} = NULL "
         f"WHERE {a('step_id')} = %s AND {a('attempt')} = %s AND EXISTS (SELECT 1 FROM done))"
     )
+
+
+def finish_run_params(
+    run_id: uuid.UUID,
+    status: str,
+    output: Any,
+    error: Any,
+    *,
+    now: datetime,
+    wake_at: datetime,
+    notifying: bool,
+    pass_wake_at: datetime | None = None,
+    release: Lease | None = None,
+) -> list[Any]:
+    """The parameters of :func:`finish_run_sql` (``after_step`` with ``pass_wake_at``,
+    ``release`` with ``release``), after the step success's where it has one."""
+    step_status, result, step_error = child_step_outcome(run_id, status, output, error)
+    failed = step_status == StepStatus.FAILED
+    params = [
+        run_id,
+        status,
+        _jsonb(output),
+        _jsonb(error),
+        now,
+        run_id,
+        step_status,
+        _jsonb(result),
+        _jsonb(step_error),
+        failed,
+        now,
+        now,
+        now,
+        wake_at,
+        now,
+        failed,
+    ]
+    if pass_wake_at is not None:
+        params += [pass_wake_at, now, run_id]
+    if release is not None:
+        params += [release.key, release.holder, release.token]
+    return [*params, CHANNEL, RUN_DONE_CHANNEL, notifying]

@@ -25,14 +25,13 @@ from pikku_django.models import (
     WorkflowStep,
 )
 from pikku_django.prepared import fetch, fetch_one
-from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._values import DueRun, NewStep, Settled, Wake
 from pikku_django.workflows.store._pg_chained import (
     PostgresChainedWrites,
     claimed_params,
     insert_claimed_sql,
 )
-from pikku_django.workflows.store._pg_finish import finish_run_sql
+from pikku_django.workflows.store._pg_finish import finish_run_params, finish_run_sql
 from pikku_django.workflows.store._pg_fresh import PostgresFreshClaims, queue_locks
 from pikku_django.workflows.store._pg_sql import (
     ATTEMPTS,
@@ -195,30 +194,10 @@ class PostgresStore(PostgresChainedWrites, PostgresFreshClaims, OrmStore):
     ) -> bool | None:
         # A plain parent step settles in the same transaction as its child's end, which
         # the ORM path does; parallel branches settle in this statement.
-        step_status, result, step_error = child_step_outcome(run_id, status, output, error)
-        failed = step_status == StepStatus.FAILED
         now = timezone.now()
-        params = [
-            run_id,
-            status,
-            _jsonb(output),
-            _jsonb(error),
-            now,
-            run_id,
-            step_status,
-            _jsonb(result),
-            _jsonb(step_error),
-            failed,
-            now,
-            now,
-            now,
-            wake_at or now,
-            now,
-            failed,
-            CHANNEL,
-            RUN_DONE_CHANNEL,
-            self.notifying,
-        ]
+        params = finish_run_params(
+            run_id, status, output, error, now=now, wake_at=wake_at or now, notifying=self.notifying
+        )
         changed, waiting, _woken, _announced = fetch_one(self.using, finish_run_sql(), params)
         return None if waiting else bool(changed)
 
