@@ -17,6 +17,7 @@ from pikku_django.webhooks.sql import RECEIPTS_WAITING, Gate, NewEvent, idempote
 from pikku_django.workflows.intake import RunStarter, register_intake
 from pikku_django.workflows.registry import get_step, step, workflow
 from pikku_django.workflows.store import NewRun
+from pikku_django.workflows.store.announce import announcer
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +107,8 @@ def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> Outcome:
     from pikku_django.workflows.api import get_engine
 
     engine = get_engine()
-    notify = bool(pikku_settings.WORKER_NOTIFY)
+    # Workers are notified on PostgreSQL; elsewhere they poll.
+    notify = bool(pikku_settings.WORKER_NOTIFY) and engine.store.vendor == "postgresql"
     handler = handler_for(new.source, new.event)
     now = engine.clock.now()
     try:
@@ -115,7 +117,11 @@ def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> Outcome:
 
             stored = store_and_send(engine, new, handler.send, gate=gate, now=now)
         else:
-            stored = store_event(engine.using, new, notify=notify, gate=gate, now=now)
+            # A busy process announces one receipt in a window and the rest after it.
+            inline = notify and announcer.inline(engine.using, RECEIPTS_WAITING)
+            stored = store_event(engine.using, new, notify=inline, gate=gate, now=now)
+            if stored and notify and not inline:
+                announcer.after_commit(engine.using, RECEIPTS_WAITING)
         if stored:
             return "stored"
     except DataError as exc:  # e.g. PostgreSQL refuses \u0000 in JSON text

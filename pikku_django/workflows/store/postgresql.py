@@ -48,6 +48,7 @@ from pikku_django.workflows.store._pg_sql import (
     _ready_exists,
     claim_due_runs_sql,
 )
+from pikku_django.workflows.store.announce import announcer
 from pikku_django.workflows.store.base import (
     CHANNEL,
     RUN_DONE_CHANNEL,
@@ -321,11 +322,15 @@ class PostgresStore(PostgresChainedWrites, PostgresFreshClaims, OrmStore):
             sql, values = _insert_sql(step)
             parts.append(f"s AS ({sql})")
             params.extend(values)
-        announce = self.notifying and not run.inline
+        announcing = self.notifying and not run.inline
+        # A busy process announces one start in a window, and the rest after it.
+        announce = announcing and announcer.inline(self.using)
         sql = f"WITH {', '.join(parts)} SELECT " + (
             "count(pg_notify(%s, '')) FROM r" if announce else "count(*) FROM r"
         )
         fetch(self.using, sql, [*params, CHANNEL] if announce else params)
+        if announcing and not announce:
+            announcer.after_commit(self.using)
         run._state.adding = False
         run._state.db = self.using
 
