@@ -163,18 +163,20 @@ def test_worker_threads_leave_no_connections_behind(vendor: str) -> None:
     for i in range(8):
         engine.start("testapp.three_records", {"db": alias, "run": f"c{i}"})
 
-    def sessions() -> int:
+    def sessions() -> set[int]:
         close_database_lease_connections()
         with connections[alias].cursor() as cursor:
             cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
             )
-            return int(cursor.fetchone()[0])
+            return {int(row[0]) for row in cursor.fetchall()}
 
+    # Compared as sets of backends: the announcer's thread may close the connection it
+    # announced the starts on while the worker runs, which is not a leak.
     before = sessions()
     Worker(engine, concurrency=4, until_idle=True, poll_interval=0.1).run()
     assert WorkflowRun.objects.using(alias).filter(status=RunStatus.COMPLETED).count() == 8
-    assert sessions() == before
+    assert sessions() - before == set()
 
 
 def stored_event(alias: str, provider_id: str, *, notify: bool = True) -> None:
