@@ -166,9 +166,7 @@ def test_worker_threads_leave_no_connections_behind(vendor: str) -> None:
     def sessions() -> set[int]:
         close_database_lease_connections()
         with connections[alias].cursor() as cursor:
-            cursor.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            )
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
             return {int(row[0]) for row in cursor.fetchall()}
 
     # Compared as sets of backends: the announcer's thread may close the connection it
