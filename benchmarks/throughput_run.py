@@ -349,8 +349,9 @@ def run_database(
 
 
 def profile_pikku(database: str, procs: Processes, args: argparse.Namespace) -> dict[str, str]:
-    """One more batch of each kind through a CONN_MAX_AGE=60 worker under py-spy; where
-    its worker threads' time went, per kind (not among the figures)."""
+    """Two more batches of each kind through a CONN_MAX_AGE=60 worker under py-spy, in
+    wall time and in CPU; where its worker threads' time went, per kind (not among the
+    figures)."""
     import time
 
     from profiling import start_profiler, stop_profiler, summarise_profile
@@ -376,16 +377,20 @@ def profile_pikku(database: str, procs: Processes, args: argparse.Namespace) -> 
             system.batch(kind, min(units, max(1, args.warmup)), steps)
         pid = procs.procs[system.names[0]].pid
         for kind in system.kinds:
-            raw = args.profile / f"{database}-{kind.value}.raw"
-            profiler = start_profiler(pid, raw)
-            if profiler is None:
-                return {"unavailable": "py-spy is not installed (pip install py-spy)"}
-            time.sleep(1.0)  # py-spy attaches
-            units, steps = units_of(kind, args)
-            per_s = system.batch(kind, units, steps).per_s
-            stop_profiler(profiler)
-            summary = summarise_profile(raw) if raw.exists() else "py-spy recorded nothing"
-            out[kind.value] = f"{per_s:.1f} steps/s under py-spy; {summary}"
+            for cpu in (False, True):
+                name = f"{kind.value}-cpu" if cpu else kind.value
+                raw = args.profile / f"{database}-{name}.raw"
+                profiler = start_profiler(pid, raw, cpu=cpu)
+                if profiler is None:
+                    return {"unavailable": "py-spy is not installed (pip install py-spy)"}
+                time.sleep(1.0)  # py-spy attaches
+                units, steps = units_of(kind, args)
+                per_s = system.batch(kind, units, steps).per_s
+                stop_profiler(profiler)
+                summary = (
+                    summarise_profile(raw, cpu=cpu) if raw.exists() else "py-spy recorded nothing"
+                )
+                out[name] = f"{per_s:.1f} steps/s under py-spy; {summary}"
     finally:
         system.stop()
     return out

@@ -249,6 +249,34 @@ def run_clients(
     return sum(counts), max(0.0, min(t1, window[1]) - t0), sum(sent)
 
 
+def cpu_per_request(
+    app: Callable[..., Any], sides: list[str], body: bytes, requests: int, rounds: int
+) -> dict[str, list[float]]:
+    """Each side's CPU time a request, in microseconds, from one client in this thread
+    (``time.thread_time``: the WSGI handler, the view and the driver, not the server's
+    side nor the waits): ``requests`` timed after 50 untimed, ``rounds`` times, the
+    sides in an order rotated each round. At 8 clients the process holds the GIL for
+    about this long a request, so the intake's ceiling is about one second over it."""
+    from django.db import connections
+    from webhook_bench.views import close_raw_connection
+
+    out: dict[str, list[float]] = {side: [] for side in sides}
+    try:
+        for _, order in rotations(sides, rounds):
+            for side in order:
+                poster = Poster(app, PATHS[side], body)
+                for _ in range(50):
+                    poster()
+                t0 = time.thread_time()
+                for _ in range(requests):
+                    poster()
+                out[side].append((time.thread_time() - t0) / requests * 1e6)
+    finally:
+        connections.close_all()
+        close_raw_connection()
+    return out
+
+
 def time_starting_runs(seconds: float) -> dict[str, Any]:
     """The worker's side, for information: a worker thread starting the runs of the
     stored events (``start_waiting_runs``, batches of 100) for about ``seconds``; each
@@ -359,6 +387,9 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
                         side,
                         n / elapsed if elapsed else 0.0,
                     )
+        log.info("%s: CPU a request, one client", backend)
+        cpu = cpu_per_request(app, sides, body, args.cpu_requests, args.rounds)
+        sent = {side: sent[side] + (50 + args.cpu_requests) * args.rounds for side in sides}
         counts = check_rows(sent)
         if args.profile:
             profile_ours(Poster(app, PATHS["pikku"], body), args.seconds)
@@ -376,6 +407,7 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
             "statements": statements,
             "unavailable": unavailable,
             "row_check": counts,
+            "cpu_us_per_request": cpu,
             "starting_runs": starting,
         }
     finally:

@@ -36,6 +36,11 @@ the intake: an event costs its request plus its start.
 
 Targets, at 8 clients: ``pikku`` >= 0.8x ``raw`` and >= 1.5x ``defer`` (medians).
 
+Then, per side, the CPU time of this process a request from one client
+(``time.thread_time`` over ``--cpu-requests`` requests, each round): the WSGI handler,
+the view and the driver, without the server's side or the waits. With 8 clients the
+process holds the GIL for about that long a request, so it bounds the intake.
+
 Also measured, in this process: the GitHub verifier's ``verify(headers, body, secrets)``
 alone, with one secret and with two where the second matches, next to ``hmac.new`` +
 ``compare_digest`` alone.
@@ -51,6 +56,7 @@ Run it from the repository root:
     .venv/bin/python benchmarks/webhooks.py --quick     # about 30 s, to check it runs
 
 Options: ``--seconds 1``, ``--rounds 5``, ``--warmup 0.25``, ``--clients 1,8,32``,
+``--cpu-requests 1000``,
 ``--backends sqlite,postgres``, ``--body-bytes 4096``, ``--verify-seconds 1``,
 ``--profile`` (afterwards, the pikku side under cProfile, to stderr). A database that
 cannot be reached is reported as skipped. Progress goes to stderr; stdout gets the
@@ -186,6 +192,7 @@ def run_child(backend: str, args: argparse.Namespace) -> dict[str, Any]:
         *("--seconds", str(args.seconds), "--rounds", str(args.rounds)),
         *("--warmup", str(args.warmup), "--body-bytes", str(args.body_bytes)),
         *("--clients", ",".join(map(str, args.clients))),
+        *("--cpu-requests", str(args.cpu_requests)),
     ]
     if args.profile:
         command.append("--profile")
@@ -221,6 +228,10 @@ class BackendResult:
     def runs_started_per_s(self) -> float:
         s = self.raw["starting_runs"]
         return s["runs_started"] / s["seconds"] if s["seconds"] else 0.0
+
+    def cpu(self, side: str) -> Summary | None:
+        values = self.raw["cpu_us_per_request"].get(side)
+        return Summary.of(values) if values else None
 
     def ratios(self, clients: int) -> dict[str, float | None]:
         ours = self.summary(clients, "pikku")
@@ -270,6 +281,11 @@ class BackendResult:
                 for k, v in self.raw["statements"].items()
             },
             "row_check": self.raw["row_check"],
+            "cpu_us_per_request_1_client": {
+                side: self.cpu(side).as_json(1)  # type: ignore[union-attr]
+                for side in SIDES
+                if self.cpu(side) is not None
+            },
             "worker_starting_runs": {
                 **self.raw["starting_runs"],
                 "runs_per_s": round(self.runs_started_per_s, 1),
@@ -365,6 +381,12 @@ def format_tables(
             f"{r.runs_started_per_s:,.0f} runs/s ({start['us_per_event'] or 0:,.0f} us an event;"
             f" intake + start at 1 client {both or 0:,.0f} us an event)"
         )
+        cpu = {side: r.cpu(side) for side in SIDES if r.cpu(side) is not None}
+        out.append(
+            f"{TITLES[r.backend]}, CPU of this process a request (one client): "
+            + ", ".join(f"{side} {c.text('.0f')} us" for side, c in cpu.items())
+            + (f"; pikku/raw {ratio(cpu['pikku'], cpu['raw']):.2f}" if len(cpu) > 1 else "")
+        )
         for name, t in r.targets().items():
             if t["ratio"] is None:
                 continue
@@ -411,11 +433,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--backends", default=",".join(BACKENDS), help="sqlite,postgres (default: both)")
     add("--body-bytes", type=int, default=4096, help="size of the push payload (default 4096)")
     add("--verify-seconds", type=float, default=1.0, help="seconds per verification case (1)")
+    add("--cpu-requests", type=int, default=1000, help="requests a round of the CPU figure")
     add("--profile", action="store_true", help="afterwards, cProfile the pikku side (stderr)")
     add("--quick", action="store_true", help="short slices, 2 rounds, 1 and 8 clients")
     add("--child", choices=BACKENDS, help=argparse.SUPPRESS)
     if parser.parse_known_args(argv)[0].quick:  # smaller defaults; options given still win
-        parser.set_defaults(seconds=0.3, rounds=2, warmup=0.1, clients="1,8", verify_seconds=0.2)
+        parser.set_defaults(
+            seconds=0.3, rounds=2, warmup=0.1, clients="1,8", verify_seconds=0.2, cpu_requests=100
+        )
     args = parser.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = sorted(set(args.backends) - set(BACKENDS))
@@ -429,8 +454,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--clients must be positive")
     if args.seconds <= 0 or args.warmup < 0 or args.rounds < 1 or args.verify_seconds <= 0:
         parser.error("--seconds and --verify-seconds must be > 0, --warmup >= 0, --rounds >= 1")
-    if args.body_bytes < 1:
-        parser.error("--body-bytes must be >= 1")
+    if args.body_bytes < 1 or args.cpu_requests < 1:
+        parser.error("--body-bytes and --cpu-requests must be >= 1")
     return args
 
 

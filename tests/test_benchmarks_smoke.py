@@ -226,6 +226,10 @@ def test_webhooks_quick(pg_names: dict[str, str]) -> None:
         assert start["runs_started"] > 0
         assert start["intake_plus_start_us_per_event_1_client"] > start["us_per_event"]
         assert result["row_check"]["runs"] == 0
+        cpu = result["cpu_us_per_request_1_client"]
+        assert {"raw", "pikku"} <= set(cpu)
+        for side in cpu:
+            assert_summary(cpu[side])
     assert {"notify", "defer"} <= set(by_backend["sqlite"]["unavailable"])
     assert pg["by_clients"]["8"]["ratios"]["pikku_vs_notify"] > 0
     if installed("procrastinate"):
