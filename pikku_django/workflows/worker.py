@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
@@ -273,6 +273,7 @@ class Worker:
             while not self.stopping.is_set():
                 with self._lock:
                     self._idle.discard(index)  # busy until this iteration finds nothing
+                looked_at = self.engine.clock.now()
                 try:
                     # Due work first: an intake's look once a poll interval must not
                     # delay the run a notification woke this thread for.
@@ -295,7 +296,7 @@ class Worker:
                 wait = self.cadence.interval()
                 if self._waits.polls(index):
                     try:
-                        wait = min(wait, self._seconds_until_next_due())
+                        wait = min(wait, self._seconds_until_next_due(looked_at))
                     except Exception:
                         logger.debug("Could not look up the next due time", exc_info=True)
                 self._waits.wait(index, max(wait, 0.005), self.stopping)
@@ -331,25 +332,28 @@ class Worker:
         self.tally.ended(claimed, outcome)
         self._wake_all()
 
-    def _seconds_until_next_due(self) -> float:
+    def _seconds_until_next_due(self, looked_at: datetime | None = None) -> float:
         """Seconds until the earliest step lease lapses, retry or sleep falls due, or run
         wakes: an idle thread looks again then rather than a whole poll later.
 
         Nothing announces a lapsing lease or a timer, so without this a dead worker's
-        step would wait for the next poll on top of its lease.
+        step would wait for the next poll on top of its lease. ``looked_at``: when this
+        thread's last look for work began (default: now).
         """
         now = self.engine.clock.now()
-        due = self.engine.store.next_due(now, self.queues)
-        # Only what falls due later counts: anything already due that this thread
-        # could not claim (taken by another worker, or its run was cancelled) must
-        # not make it spin.
+        since = now if looked_at is None else min(looked_at, now)
+        # Only what falls due after the look counts: anything already due then that
+        # this thread could not claim (taken by another worker, or its run was
+        # cancelled) must not make it spin. What fell due during the look, after it
+        # began, is looked for again at once, not a whole poll later.
+        due = self.engine.store.next_due(since, self.queues)
         waits = [self.cadence.interval(), self.intakes.next_look() - time.monotonic()]
         if due.lapse_in_ms is not None:
             waits.append(due.lapse_in_ms / 1000)
         for at in (due.step_due, due.run_due):
             if at is not None:
-                waits.append((at - now).total_seconds())
-        return min(w for w in waits if w > 0) + 0.005
+                waits.append(max((at - now).total_seconds(), 0.0))
+        return min(w for w in waits if w >= 0) + 0.005
 
     def _all_idle(self, index: int) -> bool:
         with self._lock:
