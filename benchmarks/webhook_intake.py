@@ -251,16 +251,18 @@ def run_clients(
 
 def cpu_per_request(
     app: Callable[..., Any], sides: list[str], body: bytes, requests: int, rounds: int
-) -> dict[str, list[float]]:
+) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Each side's CPU time a request, in microseconds, from one client in this thread
     (``time.thread_time``: the WSGI handler, the view and the driver, not the server's
     side nor the waits): ``requests`` timed after 50 untimed, ``rounds`` times, the
     sides in an order rotated each round. At 8 clients the process holds the GIL for
-    about this long a request, so the intake's ceiling is about one second over it."""
+    about this long a request, so the intake's ceiling is about one second over it.
+    Also how many requests each side sent."""
     from django.db import connections
     from webhook_bench.views import close_raw_connection
 
     out: dict[str, list[float]] = {side: [] for side in sides}
+    sent = dict.fromkeys(sides, 0)
     try:
         for _, order in rotations(sides, rounds):
             for side in order:
@@ -271,10 +273,11 @@ def cpu_per_request(
                 for _ in range(requests):
                     poster()
                 out[side].append((time.thread_time() - t0) / requests * 1e6)
+                sent[side] += poster.count
     finally:
         connections.close_all()
         close_raw_connection()
-    return out
+    return out, sent
 
 
 def time_starting_runs(seconds: float) -> dict[str, Any]:
@@ -388,8 +391,8 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
                         n / elapsed if elapsed else 0.0,
                     )
         log.info("%s: CPU a request, one client", backend)
-        cpu = cpu_per_request(app, sides, body, args.cpu_requests, args.rounds)
-        sent = {side: sent[side] + (50 + args.cpu_requests) * args.rounds for side in sides}
+        cpu, posted = cpu_per_request(app, sides, body, args.cpu_requests, args.rounds)
+        sent = {side: sent[side] + posted[side] for side in sides}
         counts = check_rows(sent)
         if args.profile:
             profile_ours(Poster(app, PATHS["pikku"], body), args.seconds)

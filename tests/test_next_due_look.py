@@ -33,12 +33,18 @@ def idle_worker(engine: WorkflowEngine) -> Worker:
     return Worker(engine, concurrency=1, poll_interval=POLL)
 
 
-@on_databases(*ALL)
-def test_a_run_due_during_the_look_is_looked_for_at_once(engine: WorkflowEngine) -> None:
+def run_due_in_30s(engine: WorkflowEngine) -> FakeClock:
+    """Start a run due 30 s from now: the engine's clock, to move."""
     run = engine.start(later, 1, delay=30)
     assert run.start_at is not None
     clock = engine.clock
     assert isinstance(clock, FakeClock)
+    return clock
+
+
+@on_databases(*ALL)
+def test_a_run_due_during_the_look_is_looked_for_at_once(engine: WorkflowEngine) -> None:
+    clock = run_due_in_30s(engine)
     clock.advance(30 - 0.002)
     looked_at = clock.now()  # the look begins 2 ms before the run falls due...
     clock.advance(0.004)  # ...and the next-due look comes 2 ms after it
@@ -47,9 +53,7 @@ def test_a_run_due_during_the_look_is_looked_for_at_once(engine: WorkflowEngine)
 
 @on_databases(*ALL)
 def test_a_run_due_before_the_look_does_not_make_it_spin(engine: WorkflowEngine) -> None:
-    engine.start(later, 1, delay=30)
-    clock = engine.clock
-    assert isinstance(clock, FakeClock)
+    clock = run_due_in_30s(engine)
     clock.advance(31)
     worker = idle_worker(engine)
     # Due before the look began: the look could not claim it (say another worker had
@@ -60,9 +64,7 @@ def test_a_run_due_before_the_look_does_not_make_it_spin(engine: WorkflowEngine)
 
 @on_databases(*ALL)
 def test_a_run_due_later_is_waited_for(engine: WorkflowEngine) -> None:
-    engine.start(later, 1, delay=30)
-    clock = engine.clock
-    assert isinstance(clock, FakeClock)
+    clock = run_due_in_30s(engine)
     clock.advance(20)
     wait = idle_worker(engine)._seconds_until_next_due(clock.now())
     assert 9.9 <= wait <= 10.1
