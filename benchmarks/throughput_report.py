@@ -226,6 +226,19 @@ def render(results: dict[str, Any], targets: dict[str, Any], args: argparse.Name
                 "server transactions per unit (run, chain or job), median over the sweep:",
                 format_table(("system", "kind", "transactions"), trows),
             ]
+        if db.get("store_cpu_us_per_unit"):
+            srows = [
+                (_label(db, key), kind, f"{s['median']:.0f}")
+                for key, kinds in db["store_cpu_us_per_unit"].items()
+                for kind, s in kinds.items()
+            ]
+            out += [
+                "",
+                "CPU to store a unit in the benchmark's process (µs a run, chain or job; pikku:",
+                "start_workflow per run in one transaction, which finds its first step;",
+                "Procrastinate: one batch_defer; DBOS: one client enqueue per workflow), median:",
+                format_table(("system", "kind", "µs"), srows),
+            ]
         if db.get("latency"):
             lrows = []
             for key, lat in db["latency"].items():

@@ -26,7 +26,16 @@ from benchlib import (
     vacuum,
 )
 from figures import Summary, latency_json, rotated, rotations, slope_last_half
-from throughput_systems import Dbos, Kind, Latency, Pikku, Procrastinate, System, dbos_init
+from throughput_systems import (
+    Batch,
+    Dbos,
+    Kind,
+    Latency,
+    Pikku,
+    Procrastinate,
+    System,
+    dbos_init,
+)
 
 log = logging.getLogger("pikku.bench.throughput")
 
@@ -187,8 +196,8 @@ def chosen(system: System, args: argparse.Namespace) -> bool:
 IDLE_WATCH = 3.0
 
 
-def counted_batch(system: System, kind: Kind, units: int, steps: int) -> tuple[float, float]:
-    """A batch's steps per second, and its server transactions per unit: the database's
+def counted_batch(system: System, kind: Kind, units: int, steps: int) -> tuple[Batch, float]:
+    """A batch, and its server transactions per unit: the database's
     count across the batch once every backend has reported, less the benchmark's own
     reads and what the idle workers made meanwhile (watched just before)."""
     url = system.database_url()
@@ -199,12 +208,12 @@ def counted_batch(system: System, kind: Kind, units: int, steps: int) -> tuple[f
     idle_rate = max(before - before_idle - 1, 0) / IDLE_WATCH
     polls = POLLS["count"]
     t0 = time.monotonic()
-    per_s = system.batch(kind, units, steps).per_s
+    batch = system.batch(kind, units, steps)
     polls = POLLS["count"] - polls + 3  # and the batch's start, end and commit-time reads
     time.sleep(STATS_SETTLE)
     after = server_transactions(url)
     idle = idle_rate * (time.monotonic() - t0)
-    return per_s, max(after - before - 1 - polls - idle, 0) / units
+    return batch, max(after - before - 1 - polls - idle, 0) / units
 
 
 def measure_system(
@@ -214,12 +223,15 @@ def measure_system(
     processes: int,
     latency: bool,
     transactions: dict[Kind, float] | None = None,
+    stored: dict[Kind, float] | None = None,
 ) -> tuple[dict[Kind, float], Latency]:
     """Start, warm up, measure each kind once (with ``transactions``, count each one's
-    server transactions per unit into it), time ``--latency-runs`` units alone, stop."""
+    server transactions per unit into it; into ``stored``, the CPU a unit took to store
+    where it is stored ahead), time ``--latency-runs`` units alone, stop."""
     system.start(concurrency, processes)
     out: dict[Kind, float] = {}
     lat = Latency()
+    stored = {} if stored is None else stored
     try:
         for kind in system.kinds:
             if args.warmup:
@@ -228,9 +240,12 @@ def measure_system(
         for kind in system.kinds:
             units, steps = units_of(kind, args)
             if transactions is None:
-                out[kind] = system.batch(kind, units, steps).per_s
+                batch = system.batch(kind, units, steps)
             else:
-                out[kind], transactions[kind] = counted_batch(system, kind, units, steps)
+                batch, transactions[kind] = counted_batch(system, kind, units, steps)
+            out[kind] = batch.per_s
+            if batch.store_us is not None:
+                stored[kind] = batch.store_us
         if latency and Kind.CHAIN in system.kinds:
             for _ in range(args.latency_runs):
                 lat.add(system.one(args.steps))
@@ -258,6 +273,7 @@ def run_database(
     values: dict[str, dict[str, dict[int, list[float]]]] = {s.key: {} for s in runnable}
     latencies: dict[str, Latency] = {s.key: Latency() for s in runnable}
     counted: dict[str, dict[str, list[float]]] = {s.key: {} for s in runnable}
+    store_cpu: dict[str, dict[str, list[float]]] = {s.key: {} for s in runnable}
     count = args.transactions and database == "postgres"
     for r, order in rotations(runnable, args.repeat):
         clear_pikku()
@@ -278,6 +294,7 @@ def run_database(
                     system.label,
                 )
                 tx: dict[Kind, float] | None = {} if count else None
+                cpu: dict[Kind, float] = {}
                 per_s, lat = measure_system(
                     system,
                     concurrency,
@@ -285,7 +302,10 @@ def run_database(
                     processes,
                     latency=concurrency == args.concurrency[0],
                     transactions=tx,
+                    stored=cpu,
                 )
+                for kind, us in cpu.items():
+                    store_cpu[system.key].setdefault(kind.value, []).append(us)
                 for kind, value in per_s.items():
                     values[system.key].setdefault(kind.value, {}).setdefault(
                         concurrency, []
@@ -329,6 +349,11 @@ def run_database(
         "transactions_per_unit": {
             key: {kind: Summary.of(v).as_json(2) for kind, v in kinds.items()}
             for key, kinds in counted.items()
+            if kinds
+        },
+        "store_cpu_us_per_unit": {
+            key: {kind: Summary.of(v).as_json(1) for kind, v in kinds.items()}
+            for key, kinds in store_cpu.items()
             if kinds
         },
         "latency": {

@@ -51,6 +51,9 @@ class Batch:
 
     steps: int
     seconds: float
+    #: CPU this process spent storing the batch, in µs a unit (run, chain or job); None
+    #: where nothing is stored ahead (DBOS workflows called directly).
+    store_us: float | None = None
 
     @property
     def per_s(self) -> float:
@@ -167,9 +170,12 @@ class Pikku(System):
 
     def batch(self, kind: Kind, units: int, steps: int) -> Batch:
         workflow = INLINE if kind is Kind.INLINE else QUEUED
+        cpu = time.thread_time()
         ids, committed = start_runs(workflow, units, 1 if kind is Kind.SINGLE else steps)
+        store_us = (time.thread_time() - cpu) * 1e6 / units
         self.wait(ids)
-        return Batch(units * (1 if kind is Kind.SINGLE else steps), pikku_end(ids) - committed)
+        n = units * (1 if kind is Kind.SINGLE else steps)
+        return Batch(n, pikku_end(ids) - committed, store_us)
 
     def one(self, steps: int) -> Latency:
         ids, _ = start_runs(QUEUED, 1, steps)
@@ -286,9 +292,12 @@ class Procrastinate(System):
         with psycopg.connect(autocommit=True, **pg_params(self.url)) as conn:
             return conn.execute(query, params).fetchall()
 
-    def _defer(self, kind: Kind, units: int, steps: int) -> tuple[int, int, float]:
+    def _defer(self, kind: Kind, units: int, steps: int) -> tuple[int, int, float, float]:
+        """Defer a batch: the last job id before it, the jobs it makes, the commit's
+        epoch time, and the CPU of the defer call in µs a unit."""
         after = int(self._sql("SELECT coalesce(max(id), 0) FROM procrastinate_jobs")[0][0])
         with self.app.open():
+            cpu = time.thread_time()
             if kind is Kind.CHAIN:
                 self.app.tasks["bench_chain"].batch_defer(
                     *({"remaining": steps} for _ in range(units))
@@ -297,7 +306,8 @@ class Procrastinate(System):
             else:
                 self.app.tasks["bench_noop"].batch_defer(*({} for _ in range(units)))
                 jobs = units
-        return after, jobs, time.time()
+            store_us = (time.thread_time() - cpu) * 1e6 / units
+        return after, jobs, time.time(), store_us
 
     def _wait(self, after: int, jobs: int, every: float = 0.05) -> None:
         def done() -> bool:
@@ -315,17 +325,17 @@ class Procrastinate(System):
         wait_for(done, self.timeout, f"{self.label}: {jobs} jobs", every=every)
 
     def batch(self, kind: Kind, units: int, steps: int) -> Batch:
-        after, jobs, committed = self._defer(kind, units, steps)
+        after, jobs, committed, store_us = self._defer(kind, units, steps)
         self._wait(after, jobs)
         end = self._sql(
             "SELECT extract(epoch FROM max(at)) FROM procrastinate_events "
             "WHERE type = 'succeeded' AND job_id > %s",
             (after,),
         )[0][0]
-        return Batch(jobs, float(end) - committed)
+        return Batch(jobs, float(end) - committed, store_us)
 
     def one(self, steps: int) -> Latency:
-        after, jobs, _ = self._defer(Kind.CHAIN, 1, steps)
+        after, jobs, _, _ = self._defer(Kind.CHAIN, 1, steps)
         self._wait(after, jobs, every=0.005)
         rows = self._sql(
             "SELECT j.id, extract(epoch FROM s.at), extract(epoch FROM e.at), "
@@ -458,13 +468,15 @@ class Dbos(System):
     def batch(self, kind: Kind, units: int, steps: int) -> Batch:
         if kind is Kind.INLINE:
             return self._direct(units, steps)
+        cpu = time.thread_time()
         ids, committed = self._enqueue(units, steps)
+        store_us = (time.thread_time() - cpu) * 1e6 / units
         self._wait(ids)
         end = self._sql(
             "SELECT max(updated_at) FROM dbos.workflow_status WHERE workflow_uuid = ANY(%s)",
             (ids,),
         )[0][0]
-        return Batch(units * steps, int(end) / 1000 - committed)
+        return Batch(units * steps, int(end) / 1000 - committed, store_us)
 
     def _direct(self, units: int, steps: int) -> Batch:
         n = len(self.names)

@@ -80,6 +80,11 @@ DEFAULTS: dict[str, Any] = {
     # pass itself (under the run lease it kept), instead of queueing the run for
     # any worker. Off: every pass is claimed from the runs table.
     "CARRY_RUNS": True,
+    # Starting a run replays its workflow up to the first queued step it reaches (no
+    # database access and no writes allowed) and stores that step with the run: a
+    # PostgreSQL worker then claims the run with its step in one statement and skips
+    # the first pass. Off: the first pass finds the step, as every later one does.
+    "FIRST_STEP_AT_START": True,
     # pikku_worker: how many async def steps one worker process runs at once on its
     # event loop (they wait on I/O without holding a thread each).
     "ASYNC_CONCURRENCY": 100,

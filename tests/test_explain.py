@@ -21,6 +21,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from pikku_django.workflows._deadlines import next_deadline, overdue_runs, timed_out_suspensions
+from pikku_django.workflows._values import FirstStepAsk, RunLeaseAsk
+from pikku_django.workflows.store._pg_first import (
+    claim_due_runs_first_params,
+    claim_due_runs_first_sql,
+)
 from pikku_django.workflows.store._pg_sql import claim_due_runs_sql
 from pikku_django.workflows.store.postgresql import PostgresStore, _statements
 from tests.conftest import database_alias, db_mark
@@ -32,6 +37,10 @@ SLEEPING, FAILED = 40_000, 5_000
 #: PostgreSQL JIT-compiles plans above this cost by default (jit_above_cost).
 JIT_ABOVE_COST = 100_000
 TABLES = ("pikku_workflow_run", "pikku_workflow_step", "pikku_step_attempt")
+#: The due-run claim that stores first steps: for a worker of every queue, and of one.
+ASK = RunLeaseAsk("workflow-run:", "holder", 30_000)
+FIRST = FirstStepAsk("host:1:2", (), (), ("bulk",), ("mail",), (5_000,), 60_000)
+SERVED = FirstStepAsk("host:1:2", ("default",), (), ("bulk",), (), (), 60_000)
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +174,14 @@ def test_the_workers_scheduled_queries_use_indexes_on_a_million_steps(
             claim_due_runs_sql(leased=True),
             [now, now, 1, "workflow-run:", "holder", 30_000, 30_000, 30_000, "workflow-run:"],
         ),
+        *(
+            (
+                f"claim_due_runs_first_{'served' if served else 'all'}",
+                claim_due_runs_first_sql(served),
+                claim_due_runs_first_params(now, now, 1, ASK, FIRST if not served else SERVED, now),
+            )
+            for served in (False, True)
+        ),
         ("ready_steps_exist", statements["ready_steps_exist"], [now, now]),
         (
             "ready_steps_exist_on",
@@ -193,6 +210,8 @@ def test_the_workers_scheduled_queries_use_indexes_on_a_million_steps(
         problems += _check(name, "custom", plan)
     assert ("ready_steps_exist", "generic") in seen
     assert ("claim_due_runs_leased", "generic") in seen
+    assert ("claim_due_runs_first_all", "generic") in seen
+    assert ("claim_due_runs_first_served", "generic") in seen
     assert ("retries_or_lapsed_exist_on", "generic") in seen
     assert any(name.startswith("stalled_runs") for name, _ in seen)
     assert any(name.startswith("overdue_runs") for name, _ in seen)

@@ -164,6 +164,16 @@ class WorkflowRun(models.Model):
         editable=False,
         help_text=_("the values the run set with ctx.set_event, by name"),
     )
+    first_step = models.JSONField(
+        _("first step"),
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_(
+            "the queued step its first pass will reach, found when it started; a worker "
+            "that claims the run may store it claimed and skip that pass (cleared then)"
+        ),
+    )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
 

@@ -61,12 +61,15 @@ class RunCarrier:
         claim is shorter than the run lease), so the passes in between cost no lease
         round trips. Past the time limit, or when stopping, the last step settles
         with the run woken for any worker, after the lease is given back.
-        ``due`` is the run as its claim read it, for the first pass.
+        ``due`` is the run as its claim read it, for the first pass; with ``claimed``,
+        the claim that stored that step (and took the run's lease with it).
         """
         done = 0
         # Carrying off: every step settles with its run woken for any worker.
         until = time.monotonic() + (CHAIN_SECONDS if self.engine.config.carry_runs else -1.0)
         held: HeldLease | None = None
+        if claimed is not None and due is not None:
+            held, due = take_run_lease(self.engine, run_id, due), None
         carried: CarriedRun | None = None
         owed = False  # a step settled for this thread to pass its run next
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -28,6 +29,9 @@ from pikku_django.workflows.tracing import current_trace_context
 
 logger = workflow_logger(__name__)
 
+#: Finds a new run's first step: its columns, or None (see ``_first_step``).
+FindFirstStep = Callable[[WorkflowDefinition, WorkflowRun], "dict[str, Any] | None"]
+
 #: The name ``ctx.do(..., on_error=...)`` gives a compensation step: ``<step>:on_error``.
 COMPENSATION_NAME = re.compile(r"(?P<step>.+):on_error(?:#\d+)?")
 
@@ -39,6 +43,8 @@ class RunLifecycle:
         self.states = states
         self.store = states.store
         self.clock = states.clock
+        #: Finds a new run's first step (``WorkflowRun.first_step``); set by the engine.
+        self.find_first_step: FindFirstStep | None = None
 
     def get(self, run_id: uuid.UUID | str) -> WorkflowRun:
         try:
@@ -75,7 +81,8 @@ class RunLifecycle:
                 payload,
                 key,
                 options,
-                lambda: self._create(definition, payload, key, inline, options),
+                # Not found ahead: a debounced run's input may change while it waits.
+                lambda: self._create(definition, payload, key, inline, options, first=False),
                 self.clock.now,
             )
             if created:
@@ -109,9 +116,12 @@ class RunLifecycle:
         idempotency_key: str | None,
         inline: bool,
         options: RunOptions,
+        *,
+        first: bool = True,
     ) -> WorkflowRun:
         """Insert the run (IntegrityError if its idempotency key is taken), with its
-        opening step when its workflow declares one (see ``_opening``)."""
+        opening step when its workflow declares one (see ``_opening``), else with its
+        first step found ahead when ``first`` (see ``_first_step``)."""
         keyed = options.concurrency_key is not None
         due = options.due_at(self.clock.now())
         run = WorkflowRun(
@@ -134,6 +144,8 @@ class RunLifecycle:
         opening = None if inline or keyed else opening_step(definition, run, self.store.config)
         if opening is not None:
             run.wake_at = None  # its step is claimed from the queue; its settle wakes it
+        elif first and not (inline or keyed) and self.find_first_step is not None:
+            run.first_step = self.find_first_step(definition, run)
         self.store.create_run(run, opening, due)
         self.states.events.run_started(run)
         return run

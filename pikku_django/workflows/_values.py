@@ -270,6 +270,34 @@ class DueRun:
     asked_at: float = 0.0
     #: The claim asked for the run's lease and another holder had it.
     lease_refused: bool = False
+    #: The run's first step, stored claimed by the claim (see :class:`FirstStepAsk`).
+    first_step: FirstStepClaimed | None = None
+
+
+@dataclass(frozen=True)
+class FirstStepClaimed:
+    """A run's first step as a due-run claim stored it, claimed: its id, its columns
+    as ``WorkflowRun.first_step`` held them, and its lease in ms."""
+
+    step_id: int
+    columns: dict[str, Any]
+    lease_ms: int
+
+
+@dataclass(frozen=True)
+class FirstStepAsk:
+    """What a due-run claim needs to store each claimed run's first step (found when
+    the run started) claimed by ``worker``: the queues it serves (all when empty),
+    those whose claims are counted elsewhere (never claimed here), the workflows this
+    code passes, and each queue's step lease with the default."""
+
+    worker: str
+    queues: tuple[str, ...]
+    left_out: tuple[str, ...]
+    workflows: tuple[str, ...]
+    lease_queues: tuple[str, ...]
+    lease_ms: tuple[int, ...]
+    default_lease_ms: int
 
 
 @dataclass(frozen=True)
@@ -280,6 +308,8 @@ class RunLeaseAsk:
     prefix: str
     holder: str
     ttl_ms: int
+    #: Where the claim may also store each run's first step claimed (PostgreSQL).
+    first: FirstStepAsk | None = None
 
 
 @dataclass(frozen=True)

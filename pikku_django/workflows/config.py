@@ -43,6 +43,8 @@ class EngineConfig:
     carry_runs: bool = True
     #: Whether passes are limited to runs of the versions this code carries.
     carried_versions_only: bool = False
+    #: Whether starting a run finds the queued step its first pass would reach.
+    first_step_at_start: bool = True
 
     @classmethod
     def from_settings(cls, **overrides: Any) -> EngineConfig:
@@ -66,6 +68,7 @@ class EngineConfig:
             "pass_error_tries": int(s.PASS_ERROR_TRIES),
             "carry_runs": bool(s.CARRY_RUNS),
             "carried_versions_only": bool(s.WORKFLOW_CARRIED_VERSIONS_ONLY),
+            "first_step_at_start": bool(s.FIRST_STEP_AT_START),
         }
         values.update(overrides)
         return cls(**values)

@@ -31,6 +31,7 @@ from pikku_django.workflows._claims import Claims
 from pikku_django.workflows._deadlines import RunDeadlines
 from pikku_django.workflows._events import RunEvents
 from pikku_django.workflows._execution import Execution
+from pikku_django.workflows._first_step import FirstSteps
 from pikku_django.workflows._inline import InlineDriver
 from pikku_django.workflows._inline_steps import InlineSteps
 from pikku_django.workflows._lifecycle import RunLifecycle
@@ -114,6 +115,8 @@ class WorkflowEngine:
         self._claims = Claims(self._states, settings)
         self.execution = Execution(self._states, settings)
         self._inline_steps = InlineSteps(self._states, self._claims, self.execution)
+        self._first_steps = FirstSteps(self._inline_steps, settings, self.run_leases_in_store)
+        self._lifecycle.find_first_step = self._first_steps.find
         self._replay = Replay(self._inline_steps, settings, self.run_lease)
         self._after_step = PassAfterStep(self._replay, self.execution.wake_at)
         self._driver = InlineDriver(
@@ -323,14 +326,24 @@ class WorkflowEngine:
         """Runs that need a pass now; each is pushed back by the pass timeout meanwhile."""
         return self._claims.due_runs(limit)
 
-    def claim_due_run_rows(self, limit: int = 1, *, lease_holder: str = "") -> list[DueRun]:
+    def claim_due_run_rows(
+        self, limit: int = 1, *, lease_holder: str = "", claimer: StepClaimer | None = None
+    ) -> list[DueRun]:
         """:meth:`claim_due_runs`, each run as the claim read it (for :meth:`orchestrate`).
         With ``lease_holder``, where the runs' database holds their leases too, each
-        run's lease is taken for that holder by the claim itself (``DueRun.lease``)."""
+        run's lease is taken for that holder by the claim itself (``DueRun.lease``),
+        and with ``claimer`` each run's first step found at its start is stored
+        claimed by it (see :meth:`first_step_claimed`)."""
         ask = None
         if lease_holder and self.run_leases_in_store():
-            ask = RunLeaseAsk(run_lease_key(""), lease_holder, self.config.run_lease_ms)
+            first = self._first_steps.ask(claimer)
+            ask = RunLeaseAsk(run_lease_key(""), lease_holder, self.config.run_lease_ms, first)
         return self._claims.due_run_rows(limit, ask)
+
+    def first_step_claimed(self, due: DueRun, claimer: StepClaimer) -> ClaimedStep | None:
+        """The first step the claim of ``due`` stored claimed by ``claimer``: run it
+        (carrying its run) in place of the run's first pass. None: it stored none."""
+        return self._first_steps.claimed(due, claimer.worker)
 
     def run_leases_in_store(self) -> bool:
         """Whether run leases are rows of the runs' own database, which its store can

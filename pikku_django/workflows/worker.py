@@ -317,9 +317,12 @@ class Worker:
 
     def _due_runs(self, claimer: StepClaimer) -> int:
         """Claim a due run and carry it on: how many passes and steps that was."""
+        engine = self.engine
+        due_runs = engine.claim_due_run_rows(1, lease_holder=str(uuid.uuid4()), claimer=claimer)
         return sum(
-            self._carrier.carry(due.run.id, claimer, due=due)
-            for due in self.engine.claim_due_run_rows(1, lease_holder=str(uuid.uuid4()))
+            # A run whose first step the claim stored claimed starts at that step.
+            self._carrier.carry(due.run.id, claimer, engine.first_step_claimed(due, claimer), due)
+            for due in due_runs
         )
 
     def _ready_steps(self, claimer: StepClaimer, busy: bool) -> int:

@@ -18,11 +18,22 @@ from pikku_django.dbclock import POSTGRESQL_NOW_MS
 from pikku_django.leases.base import Lease
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.prepared import fetch, fetch_one
-from pikku_django.workflows._values import Chained, DueRun, NewStep, RunLeaseAsk, StepDone
+from pikku_django.workflows._values import (
+    Chained,
+    DueRun,
+    FirstStepClaimed,
+    NewStep,
+    RunLeaseAsk,
+    StepDone,
+)
 from pikku_django.workflows.store._pg_finish import (
     finish_run_params,
     finish_run_sql,
     step_done_ctes,
+)
+from pikku_django.workflows.store._pg_first import (
+    claim_due_runs_first_params,
+    claim_due_runs_first_sql,
 )
 from pikku_django.workflows.store._pg_sql import (
     ATTEMPTS,
@@ -235,15 +246,25 @@ class PostgresChainedWrites(ChainedWrites):
         self, now: datetime, until: datetime, limit: int, ask: RunLeaseAsk
     ) -> list[DueRun]:
         asked_at = time.monotonic()
-        params = [until, now, limit, ask.prefix, ask.holder, ask.ttl_ms, ask.ttl_ms, ask.ttl_ms]
-        rows = fetch(self.using, claim_due_runs_sql(leased=True), [*params, ask.prefix])
+        first = ask.first
+        if first is not None:
+            sql = claim_due_runs_first_sql(served=bool(first.queues))
+            params = claim_due_runs_first_params(now, until, limit, ask, first, timezone.now())
+        else:
+            sql = claim_due_runs_sql(leased=True)
+            params = [until, now, limit, ask.prefix, ask.holder, ask.ttl_ms, ask.ttl_ms]
+            params += [ask.ttl_ms, ask.prefix]
         claimed = []
-        for row in rows:
-            run = _from_db(self.using, WorkflowRun, row[:-3])
-            stepless, token, expires_at = row[-3:]
+        for row in fetch(self.using, sql, params):
+            end = len(row) - (6 if first is not None else 3)
+            run = _from_db(self.using, WorkflowRun, row[:end])
+            stepless, token, expires_at = row[end : end + 3]
             lease = None
             if token is not None:
                 lease = Lease(f"{ask.prefix}{run.id}", ask.holder, int(token), int(expires_at))
-            due = DueRun(run, stepless, lease, asked_at, lease_refused=lease is None)
+            stored = None
+            if first is not None and row[-3] is not None:
+                stored = FirstStepClaimed(int(row[-3]), _loads(row[-2]), int(row[-1]))
+            due = DueRun(run, stepless, lease, asked_at, lease is None, stored)
             claimed.append(due)
         return claimed

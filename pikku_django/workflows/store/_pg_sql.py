@@ -112,7 +112,8 @@ def claim_due_runs_sql(leased: bool = False) -> str:
     claim = (
         # = ANY(ARRAY(...)): the runs claimed are found by primary key whatever the
         # plan; with IN (...) a generic plan hash-joins the whole runs table.
-        f"UPDATE {RUNS} SET {r('wake_at')} = %s WHERE {r('id')} = ANY(ARRAY("
+        f"UPDATE {RUNS} SET {r('wake_at')} = %s, {r('first_step')} = NULL "
+        f"WHERE {r('id')} = ANY(ARRAY("
         f"SELECT {r('id')} FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
         f"AND NOT {r('inline')} AND NOT {r('key_waiting')} "
         f"AND {r('wake_at')} <= %s ORDER BY {r('priority')} DESC, {r('wake_at')} LIMIT %s "
@@ -204,6 +205,17 @@ def _first_fresh_queue(*, fresh_on: bool) -> str:
     )
 
 
+def step_lease_sql(queue: str, timeout: str, *, no_cap: str) -> str:
+    """The lease in ms a claim of a step of ``queue`` takes (SQL expressions): the
+    queue's own lease or the default, never past ``timeout`` (``no_cap`` where it has
+    none). Parameters: the queues with their own lease, those leases, the default."""
+    return (
+        f"LEAST(COALESCE((SELECT q.l FROM unnest(%s::text[], %s::bigint[]) AS q(n, l) "
+        f"WHERE q.n = {queue}), %s::bigint), CASE WHEN {timeout} IS NULL "
+        f"THEN {no_cap} ELSE GREATEST(1, floor({timeout} * 1000))::bigint END)"
+    )
+
+
 def _claim_fresh(
     *,
     fresh_on: bool,
@@ -225,11 +237,7 @@ def _claim_fresh(
     def s(name: str) -> str:
         return _c(step, name)
 
-    lease = (
-        f"LEAST(COALESCE((SELECT q.l FROM unnest(%s::text[], %s::bigint[]) AS q(n, l) "
-        f"WHERE q.n = {s('queue')}), %s::bigint), CASE WHEN {s('timeout')} IS NULL "
-        f"THEN %s::bigint ELSE GREATEST(1, floor({s('timeout')} * 1000))::bigint END)"
-    )
+    lease = step_lease_sql(s("queue"), s("timeout"), no_cap="%s::bigint")
     returned = ", ".join(f"{STEPS}.{_q(str(f.column))}" for f in step._meta.concrete_fields)
     attempt_cols = columns(att, ("step_id", "attempt", "status", "worker", "started_at"), _q)
     limited = concurrency or rated

@@ -145,7 +145,8 @@ class ChainedWrites:
 
     #: Whether :meth:`settle_then_claim` and :meth:`settle_then_finish` are statements.
     chains_in_one_statement = False
-    #: Whether :meth:`claim_due_runs_leased` takes run leases held by ``pikku_lease``.
+    #: Whether :meth:`claim_due_runs_leased` takes run leases held by ``pikku_lease``
+    #: (and, asked to, stores each claimed run's first step claimed).
     takes_run_leases = False
 
     def claim_due_runs_leased(
