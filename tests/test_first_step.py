@@ -14,7 +14,7 @@ import pytest
 
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import WorkflowContext, WorkflowEngine, registry, step, workflow
-from pikku_django.workflows._values import StepClaimer
+from pikku_django.workflows._values import StepClaimer, StepOutcome
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.queues import parse_queues
 from pikku_django.workflows.worker import Worker
@@ -303,3 +303,32 @@ def test_workers_that_may_not_claim_first_steps_make_the_same_runs(pg: str) -> N
     worker.run()
     assert [engine.runs().get(id=r.id).output for r in runs] == [[0, 1], [1, 2], [2, 3]]
     assert worker.passes == 3 * len(runs)  # a first pass each
+
+
+@workflow(name="fs.one")
+def one(ctx: WorkflowContext, inp: Any) -> Any:
+    return ctx.do("only", echo, inp)
+
+
+@pg_mark
+def test_a_one_step_run_costs_the_worker_two_statements(engine: WorkflowEngine) -> None:
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    from pikku_django.workflows._run_hold import take_run_lease
+
+    run = engine.start(one, 7)
+    with CaptureQueriesContext(connections[engine.using]) as captured:
+        due = claim(engine)
+        claimed = engine.first_step_claimed(due, CLAIMER)
+        assert claimed is not None
+        held = take_run_lease(engine, run.id, due)
+        assert held is not None
+        outcome, after = engine.execute_and_pass(claimed, CLAIMER, held)
+    assert outcome is StepOutcome.SUCCEEDED
+    assert after is not None
+    assert after.released
+    # The claim (run, lease, step and attempt), then the step's success with the run's end.
+    assert len(captured.captured_queries) == 2
+    done = engine.runs().get(id=run.id)
+    assert (done.status, done.output) == (RunStatus.COMPLETED, 7)
