@@ -277,8 +277,8 @@ def test_transactions_are_counted_per_unit(
                     conn.execute("SELECT 1")
             return Batch(units, 1.0)
 
-    per_s, per_unit = throughput_run.counted_batch(Counted(), Kind.SINGLE, 20, 1)
-    assert per_s == 20.0
+    batch, per_unit = throughput_run.counted_batch(Counted(), Kind.SINGLE, 20, 1)
+    assert batch == Batch(20, 1.0)
     assert per_unit == pytest.approx(3.0, abs=0.3)
 
 
