@@ -131,6 +131,32 @@ def test_a_suspended_run_holds_its_slot_and_an_ended_one_frees_it(alias: str) ->
     assert _passed(engine) == [nxt.id]
 
 
+@db_mark("postgres")
+def test_an_ending_run_tells_workers_only_while_keyed_runs_wait() -> None:
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    alias = database_alias("postgres")
+    engine = _engine(alias)
+
+    def notifies(end: Any) -> bool:
+        with CaptureQueriesContext(connections[alias]) as captured:
+            end()
+        return any("pikku.concurrency_keys" in q["sql"] for q in captured.captured_queries)
+
+    held = engine.start(lim_wait, None, concurrency_key="k")
+    engine.start(lim_one, 1, concurrency_key="k")
+    assert _admit(engine) == 1  # the look finds a run waiting behind ``held``
+    _passed(engine)
+    assert notifies(lambda: engine.cancel(held.id))
+    assert _admit(engine) == 1
+    engine.run_until_idle()
+    assert _admit(engine) == 0  # a look that finds none waiting
+    other = engine.start(lim_wait, None)
+    _passed(engine)
+    assert not notifies(lambda: engine.cancel(other.id))
+
+
 def test_a_cancelled_waiting_run_is_never_started(alias: str) -> None:
     engine = _engine(alias)
     first = engine.start(lim_one, 0, concurrency_key="k")

@@ -35,7 +35,9 @@ ADMISSION_LOCK = " concurrency keys "
 NOTIFY_PAYLOAD = "pikku.concurrency_keys"
 #: Seconds after a look that found waiting runs that an ending run notifies workers.
 _NOTIFY_WINDOW = 60.0
-_last_seen_waiting = 0.0
+#: When this process's last look at each database found waiting runs (monotonic
+#: seconds); a look that finds none removes its database.
+_last_seen_waiting: dict[str, float] = {}
 
 
 @dataclass(frozen=True)
@@ -100,11 +102,11 @@ def _head(store: WorkflowStore, key: str, count: int, now: datetime) -> list[tup
 def admit(store: WorkflowStore, limit: int, now: datetime | None = None) -> int:
     """Make due at ``now`` the oldest waiting runs of up to ``limit`` keys with a free
     slot: how many runs were admitted."""
-    global _last_seen_waiting
     now = now or timezone.now()
     if not waiting_runs(store, now).exists():
+        _last_seen_waiting.pop(store.using, None)
         return 0
-    _last_seen_waiting = time.monotonic()
+    _last_seen_waiting[store.using] = time.monotonic()
     admitted = 0
     with store.claims_serialised(), store.limited_claim([ADMISSION_LOCK]):
         for key in _keys(store, limit, now):
@@ -159,10 +161,11 @@ def _now(engine: RunStarter) -> datetime:
 @receiver(signals.run_finished, dispatch_uid="pikku_django.concurrency_keys")
 def _slot_freed(sender: Any, **kwargs: Any) -> None:
     """A run ended while keyed runs wait: tell workers to look now (PostgreSQL)."""
-    if time.monotonic() - _last_seen_waiting > _NOTIFY_WINDOW:
-        return
     store = getattr(sender, "store", None)
     if store is None or store.vendor != "postgresql" or not store.notifying:
+        return
+    seen = _last_seen_waiting.get(store.using)
+    if seen is None or time.monotonic() - seen > _NOTIFY_WINDOW:
         return
     with connections[store.using].cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, NOTIFY_PAYLOAD])
