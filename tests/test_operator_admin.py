@@ -199,6 +199,49 @@ def test_view_only_users_see_no_buttons_and_are_refused(django_user_model: Any) 
     assert entries_for(run) == []
 
 
+def live_parts(run: WorkflowRun) -> str:
+    return reverse("admin:pikku_django_workflowrun_live", args=[run.pk])
+
+
+def tree_entry(parts: str, run: WorkflowRun) -> str:
+    """The tree's line for ``run`` (up to its children)."""
+    entry = parts[parts.index(f'data-run="{run.pk}"') :]
+    return entry[: entry.index("</li>")]
+
+
+@pytest.mark.django_db
+def test_the_live_parts_follow_the_runs_state_and_the_users_permissions(
+    admin_client: Client, django_user_model: Any
+) -> None:
+    parent = WorkflowRunFactory(workflow="op-parent")
+    child = WorkflowRunFactory(workflow="op-child", status=RunStatus.SUSPENDED)
+    WorkflowStepFactory(run=parent, name="kid", kind=StepKind.CHILD, child_run=child)
+    url = live_parts(parent)
+    assert f'data-parts-url="{url}"' in text(admin_client.get(page_of(parent)))
+    parts = text(admin_client.get(url))
+    assert 'id="pikku-steer-cancel"' in parts
+    assert 'id="pikku-run-delete"' not in parts  # a live run: cancel it first
+    assert "pikku-badge-suspended" in tree_entry(parts, child)
+    assert 'data-live="true"' in parts  # the child may change without the parent
+    WorkflowRun.objects.filter(pk__in=[parent.pk, child.pk]).update(status=RunStatus.COMPLETED)
+    parts = text(admin_client.get(url))
+    assert "pikku-steer-" not in parts
+    assert 'id="pikku-run-delete"' in parts
+    assert "pikku-badge-completed" in tree_entry(parts, child)
+    assert 'data-live="false"' in parts
+    # Without "change" no buttons; without "delete" no Delete; without "view", nothing.
+    failed = WorkflowRunFactory(status=RunStatus.FAILED)
+    assert 'id="pikku-steer-retry"' in text(admin_client.get(live_parts(failed)))
+    viewer = client_for(django_user_model, "view_workflowrun")
+    parts = text(viewer.get(live_parts(failed)))
+    assert "pikku-steer-" not in parts
+    assert 'id="pikku-run-delete"' not in parts
+    assert client_for(django_user_model).get(live_parts(failed)).status_code == 403
+    assert admin_client.post(live_parts(failed)).status_code == 405
+    missing = WorkflowRun(id=uuid.uuid4())
+    assert admin_client.get(live_parts(missing)).status_code == 404
+
+
 @pytest.mark.django_db
 def test_bulk_actions_write_a_log_entry_per_run(admin_client: Client) -> None:
     one, two = WorkflowRunFactory(), WorkflowRunFactory()

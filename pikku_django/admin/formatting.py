@@ -120,6 +120,14 @@ def status_badge(status: str, label: Any = None, *, element_id: str = "") -> Saf
     )
 
 
+def clipped(text: Any, *, sub: bool = False) -> SafeString:
+    """``text`` on one line, cut with an ellipsis to its cell's width; whole in its tooltip.
+
+    ``sub``: a second, quieter line of the cell."""
+    css = "pikku-clip pikku-sub" if sub else "pikku-clip"
+    return format_html('<span class="{}" title="{}">{}</span>', css, text, text)
+
+
 def status_label(status: str) -> str:
     """The translated name of a run or step status."""
     if status in RunStatus.values:

@@ -223,10 +223,32 @@ def render_tree(node: TreeNode, current: WorkflowRun) -> SafeString:
 
 
 def tree_html(run: WorkflowRun, using: str) -> SafeString | None:
+    return family(run, using).html
+
+
+@dataclass(frozen=True)
+class Family:
+    """The run's tree as the page draws it, and whether another run in it may still change."""
+
+    html: SafeString | None
+    #: True while a run of the tree other than the page's own is not finished: its
+    #: changes reach the page only by drawing the tree again.
+    live: bool
+
+
+def _others_live(node: TreeNode, current: WorkflowRun) -> bool:
+    if node.run.pk != current.pk and not node.run.is_terminal:
+        return True
+    return any(_others_live(child, current) for child in node.children)
+
+
+def family(run: WorkflowRun, using: str) -> Family:
+    """The tree of parent and child runs around ``run``; no markup when it has no family."""
     tree = run_tree(run, using)
     if tree is None:
-        return None
-    return format_html('<ul class="pikku-tree" id="pikku-run-tree">{}</ul>', render_tree(tree, run))
+        return Family(None, live=False)
+    html = format_html('<ul class="pikku-tree" id="pikku-run-tree">{}</ul>', render_tree(tree, run))
+    return Family(html, live=_others_live(tree, run))
 
 
-__all__ = ["TimelineEntry", "build_timeline", "run_tree", "tree_html"]
+__all__ = ["Family", "TimelineEntry", "build_timeline", "family", "run_tree", "tree_html"]

@@ -34,16 +34,14 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
-from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.text import Truncator, capfirst
+from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from pikku_django.admin._bulk_actions import operate
 from pikku_django.admin.dashboard import DashboardMixin
 from pikku_django.admin.formatting import (
-    EMPTY,
     error_block,
     format_duration,
     format_time,
@@ -56,8 +54,10 @@ from pikku_django.admin.formatting import (
 from pikku_django.admin.queries import queues, run_duration, search_filter, with_list_columns
 from pikku_django.admin.queues_page import QueuesPageMixin
 from pikku_django.admin.run_events import events_table, published_block
-from pikku_django.admin.run_page import build_timeline, tree_html
-from pikku_django.admin.steering import Operation, RunSteeringMixin
+from pikku_django.admin.run_list import RunListMixin
+from pikku_django.admin.run_live import RunLivePartsMixin
+from pikku_django.admin.run_page import build_timeline
+from pikku_django.admin.steering import Operation
 from pikku_django.admin.steps import (
     ADMIN_CSS,
     StepAttemptAdmin,
@@ -106,28 +106,13 @@ class QueueFilter(admin.SimpleListFilter):
 class WorkflowRunAdmin(
     QueuesPageMixin,
     DashboardMixin,
-    RunSteeringMixin,
+    RunLivePartsMixin,
+    RunListMixin,
     WorkflowDatabaseMixin,
     admin.ModelAdmin,  # type: ignore[type-arg]
 ):
     """Runs, read-only, with their step timeline and tree; steered by buttons and actions."""
 
-    list_display = (
-        "short_id",
-        "workflow_name",
-        "status_badge",
-        "current_step_name",
-        "started",
-        "duration",
-        "attempts",
-        "reason",
-        "parent",
-        "queue_name",
-        "priority",
-        "key",
-        "start_at",
-    )
-    list_display_links = ("short_id",)
     list_filter = (
         "status",
         ("workflow", admin.AllValuesFieldListFilter),
@@ -259,10 +244,6 @@ class WorkflowRunAdmin(
             return queryset, False
         return queryset.filter(search_filter(term, connections[queryset.db].vendor)), False
 
-    @admin.display(description=gettext_lazy("id"), ordering="id")
-    def short_id(self, obj: WorkflowRun) -> SafeString:
-        return format_html('<code title="{}">{}</code>', obj.pk, str(obj.pk)[:8])
-
     @admin.display(description=gettext_lazy("workflow"), ordering="workflow")
     def workflow_name(self, obj: WorkflowRun) -> str:
         return workflow_title(obj.workflow, obj.idempotency_key)
@@ -270,10 +251,6 @@ class WorkflowRunAdmin(
     @admin.display(description=gettext_lazy("status"), ordering="status")
     def status_badge(self, obj: WorkflowRun) -> SafeString:
         return status_badge(obj.status, obj.get_status_display())
-
-    @admin.display(description=gettext_lazy("current step"))
-    def current_step_name(self, obj: WorkflowRun) -> str:
-        return getattr(obj, "current_step", None) or EMPTY
 
     @admin.display(description=gettext_lazy("started"), ordering="created_at")
     def started(self, obj: WorkflowRun) -> str:
@@ -288,37 +265,9 @@ class WorkflowRunAdmin(
         text = format_duration(run_duration(obj))
         return text if obj.is_terminal else _("%(duration)s so far") % {"duration": text}
 
-    @admin.display(description=gettext_lazy("attempts"))
-    def attempts(self, obj: WorkflowRun) -> int:
-        return getattr(obj, "attempt_count", None) or 0
-
-    @admin.display(description=gettext_lazy("suspend reason"))
-    def reason(self, obj: WorkflowRun) -> str:
-        if obj.status != "suspended" or not obj.suspend_reason:
-            return EMPTY
-        return Truncator(obj.suspend_reason).chars(60)
-
     @admin.display(description=gettext_lazy("queue"), ordering="queue")
     def queue_name(self, obj: WorkflowRun) -> str:
         return obj.queue or _("(default)")
-
-    @admin.display(description=gettext_lazy("concurrency key"), ordering="concurrency_key")
-    def key(self, obj: WorkflowRun) -> str:
-        if obj.concurrency_key is None:
-            return EMPTY
-        if obj.key_waiting and obj.status == "running":
-            return _("%(key)s (waiting)") % {"key": obj.concurrency_key}
-        return obj.concurrency_key
-
-    @admin.display(description=gettext_lazy("parent"))
-    def parent(self, obj: WorkflowRun) -> SafeString | str:
-        parent_id = getattr(obj, "parent_run_id", None)
-        if not parent_id:
-            return EMPTY
-        url = reverse("admin:pikku_django_workflowrun_change", args=[parent_id])
-        return format_html(
-            '<a href="{}" class="pikku-parent"><code>{}</code></a>', url, str(parent_id)[:8]
-        )
 
     @admin.display(description=gettext_lazy("next orchestration"))
     def next_orchestration(self, obj: WorkflowRun) -> str:
@@ -405,8 +354,7 @@ class WorkflowRunAdmin(
             using = workflow_database()
             context["pikku_timeline"] = build_timeline(obj, using)
             context["pikku_stream_url"] = run_stream_url(obj)
-            context["pikku_tree"] = tree_html(obj, using)
-            context["pikku_operations"] = self.offered_operations(request, obj)
+            context.update(self.live_parts_context(request, obj))
             context["pikku_title"] = title = workflow_title(obj.workflow, obj.idempotency_key)
             context["subtitle"] = f"{title} {obj.pk}"  # the window's title: no status to go stale
             context["pikku_badge"] = status_badge(

@@ -13,7 +13,16 @@
  * suspend reason, output and error rows below it are filled in when the run
  * reaches them after the page was drawn (what the server drew is kept).
  *
- * Everything from the stream is written as text (textContent), never as markup.
+ * The parts of the page that follow the run's state (its Cancel, Resume and
+ * Retry buttons, its Delete link, its tree of parent and child runs) are drawn
+ * by the server alone: after each frame the page fetches them again from the
+ * panel's data-parts-url (the admin's <run>/live/, for this user) and swaps each
+ * in by its id; data-parts counts the swaps. While another run of the tree is
+ * unfinished (the tree's data-live), whose changes the stream does not report,
+ * they are fetched every data-family-refresh seconds (default 10) as well.
+ *
+ * Everything from the stream is written as text (textContent), never as markup;
+ * the parts are the server's own templates, escaped there.
  * When the stream drops, a quiet note says so and EventSource reconnects by
  * itself; the next frame clears the note. The panel's data-state says where
  * the stream is: off, connecting, live, paused, stopped or done.
@@ -69,6 +78,93 @@
     var errorEl = $("pikku-run-error");
     var tbody = panel.querySelector("#pikku-live-steps tbody");
     var finished = false;
+    var partsUrl = panel.getAttribute("data-parts-url");
+    var familySeconds = Math.max(1, parseInt(panel.getAttribute("data-family-refresh"), 10) || 10);
+    var fetching = false;
+    var again = false;
+    var familyTimer = null;
+    var swaps = 0;
+
+    function swapItems(doc) {
+      var items = doc.getElementById("pikku-operations");
+      var tools = document.querySelector(".object-tools");
+      if (!items || !tools) {
+        return;
+      }
+      var old = tools.querySelectorAll("li.pikku-operation");
+      for (var i = 0; i < old.length; i++) {
+        old[i].parentNode.removeChild(old[i]);
+      }
+      var first = tools.firstChild;
+      var fresh = items.querySelectorAll("li.pikku-operation");
+      for (var j = 0; j < fresh.length; j++) {
+        tools.insertBefore(document.importNode(fresh[j], true), first);
+      }
+    }
+
+    function swapParts(html) {
+      var doc = new window.DOMParser().parseFromString(html, "text/html");
+      swapItems(doc);
+      ["pikku-family", "pikku-run-submit"].forEach(function (id) {
+        var part = doc.getElementById(id);
+        var here = $(id);
+        if (part && here) {
+          here.parentNode.replaceChild(document.importNode(part, true), here);
+        }
+      });
+      swaps += 1;
+      panel.setAttribute("data-parts", String(swaps));
+    }
+
+    function followFamily() {
+      if (familyTimer !== null) {
+        window.clearTimeout(familyTimer);
+        familyTimer = null;
+      }
+      var tree = $("pikku-family");
+      if (tree && tree.getAttribute("data-live") === "true") {
+        familyTimer = window.setTimeout(function () {
+          familyTimer = null;
+          refreshParts();
+        }, familySeconds * 1000);
+      }
+    }
+
+    function refreshParts() {
+      if (!partsUrl || typeof window.fetch !== "function" || typeof window.DOMParser !== "function") {
+        return;
+      }
+      if (fetching) {
+        again = true; // fetched once more when this one is in: the newest state wins
+        return;
+      }
+      fetching = true;
+      again = false;
+      window
+        .fetch(partsUrl + window.location.search, {
+          credentials: "same-origin",
+          cache: "no-store",
+          headers: { Accept: "text/html" },
+        })
+        .then(function (response) {
+          if (!response.ok) {
+            throw new Error("HTTP " + response.status);
+          }
+          return response.text();
+        })
+        .then(swapParts)
+        .catch(function () {
+          // The parts drawn last stay; the next frame tries again.
+        })
+        .then(function () {
+          fetching = false;
+          if (again) {
+            refreshParts();
+          } else {
+            followFamily();
+          }
+        });
+    }
 
     function setState(state, message) {
       panel.setAttribute("data-state", state);
@@ -187,6 +283,7 @@
         if (data && typeof data === "object") {
           setState(finished ? "done" : "live");
           handle(data);
+          refreshParts();
         }
       });
     }
@@ -194,6 +291,7 @@
     panel.hidden = false;
     show(document.querySelector(".pikku-live-only"), true);
     setState("connecting");
+    followFamily();
     var source = new EventSource(url);
 
     source.addEventListener("open", function () {
