@@ -78,6 +78,16 @@ def story(ctx: Any, input: dict[str, Any]) -> Any:
     return {"approved_by": approver, "items": fetched["items"], "note": NOTE}
 
 
+@workflow(name="browser.kid")
+def kid(ctx: Any, input: Any) -> Any:
+    return {"nod": ctx.suspend("a nod for the kid")}
+
+
+@workflow(name="browser.family")
+def family(ctx: Any, input: Any) -> Any:
+    return ctx.do("kid", kid, input)
+
+
 def engine() -> WorkflowEngine:
     return WorkflowEngine("default", leases=InMemoryLeaseService(), clock=FakeClock())
 
@@ -297,6 +307,41 @@ def test_a_refused_stream_says_live_updates_stopped(browser: Any, settings: Any)
     wait_for(browser, "live state", live_state, "stopped")
     assert "stopped" in browser.find_element(By.ID, "pikku-live-note").text
     assert browser.find_element(By.ID, "pikku-run-status").text == "running"
+
+
+#: The run page's buttons, the status its tree shows for the run given, and its Delete link.
+READ_PARTS = """
+var buttons = document.querySelectorAll('[id^=pikku-steer-]');
+var tree = '#pikku-run-tree li[data-run="' + arguments[0] + '"] > .pikku-badge';
+var badge = document.querySelector(tree);
+return [Array.from(buttons).map(function (a) { return a.id; }),
+        badge ? badge.textContent : null,
+        Boolean(document.getElementById('pikku-run-delete'))];
+"""
+
+
+def page_parts(child_id: Any) -> Callable[[Any], tuple[Any, ...]]:
+    return lambda d: tuple(
+        tuple(x) if isinstance(x, list) else x for x in d.execute_script(READ_PARTS, str(child_id))
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_buttons_and_the_tree_follow_the_run(browser: Any) -> None:
+    from pikku_django.models import WorkflowStep
+
+    wf = engine()
+    run = wf.start("browser.family", {})
+    wf.run_until_idle()  # the child starts and suspends
+    child_id = WorkflowStep.objects.get(run_id=run.id).child_run_id
+    open_run_page(browser, run.id)
+    read = page_parts(child_id)
+    wait_for(browser, "parts", read, (("pikku-steer-cancel",), "suspended", False))
+    wf.resume(child_id, "yes")
+    wf.run_until_idle()  # the child completes, and so does its parent
+    wait_for(browser, "status", text_of("pikku-run-status"), "completed")
+    wait_for(browser, "parts", read, ((), "completed", True))
+    assert browser.execute_script("return window.pikkuSamePage") == "yes", "the page reloaded"
 
 
 # -- without a browser -------------------------------------------------------------------

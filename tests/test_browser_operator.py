@@ -170,6 +170,47 @@ def test_every_status_badge_passes_aa_in_the_light_and_dark_themes(
     assert set(BADGE_STATUSES) <= seen, f"never drawn: {set(BADGE_STATUSES) - seen}"
 
 
+#: The page's width and the runs table's, each as laid out and as seen.
+READ_WIDTHS = """
+var page = document.documentElement;
+var results = document.querySelector('#changelist-form .results');
+return [window.innerWidth, page.scrollWidth, page.clientWidth,
+        results.scrollWidth, results.clientWidth];
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_runs_list_fits_a_1400_pixel_window_in_both_themes(
+    superuser_browser: Any, tmp_path: Path
+) -> None:
+    browser = superuser_browser
+    name = "billing.reconcile_every_enterprise_customer_account_for_the_month_" * 2
+    parent = WorkflowRunFactory(workflow=name, queue="reports-for-the-finance-department")
+    child = WorkflowRunFactory(
+        workflow=name + "child",
+        status=RunStatus.SUSPENDED,
+        suspend_reason="an approval from the finance department's second reviewer " * 3,
+        concurrency_key="customer-000000000000000000017-eu-west-1-primary-account",
+        priority=7,
+    )
+    WorkflowStepFactory(run=parent, name="reconcile_" * 8, kind=StepKind.CHILD, child_run=child)
+    browser.set_window_size(1400, 900)
+    try:
+        for theme in ("light", "dark"):
+            open_page(browser, reverse(RUNS))
+            set_theme(browser, theme)
+            inner, page, seen, table, shown = browser.execute_script(READ_WIDTHS)
+            shot(browser, tmp_path, f"runs-{theme}")
+            assert inner == 1400
+            assert page <= seen, f"{theme}: the page is {page} px wide in a {seen} px window"
+            assert table <= shown, f"{theme}: the runs table is {table} px wide in {shown} px"
+        cut = browser.find_element(By.CSS_SELECTOR, f'.field-workflow_cell [title="{name}"]')
+        cut_short = "return arguments[0].scrollWidth > arguments[0].clientWidth"
+        assert browser.execute_script(cut_short, cut)  # an ellipsis; whole in its tooltip
+    finally:
+        browser.set_window_size(1280, 1024)
+
+
 def click(browser: Any, element_id: str) -> None:
     """Click a button or link that loads a page, and wait until the new page is there."""
     from selenium.webdriver.support import expected_conditions

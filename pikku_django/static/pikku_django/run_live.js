@@ -17,12 +17,14 @@
  * Retry buttons, its Delete link, its tree of parent and child runs) are drawn
  * by the server alone: after each frame the page fetches them again from the
  * panel's data-parts-url (the admin's <run>/live/, for this user) and swaps each
- * in by its id; data-parts counts the swaps. While another run of the tree is
- * unfinished (the tree's data-live), whose changes the stream does not report,
- * they are fetched every data-family-refresh seconds (default 10) as well.
+ * in by its id (a part that did not change is left alone); data-parts counts
+ * the answers. While another run of the tree is unfinished (the tree's
+ * data-live), whose changes the stream does not report, they are fetched every
+ * data-family-refresh seconds (default 10) as well.
  *
  * Everything from the stream is written as text (textContent), never as markup;
  * the parts are the server's own templates, escaped there.
+ *
  * When the stream drops, a quiet note says so and EventSource reconnects by
  * itself; the next frame clears the note. The panel's data-state says where
  * the stream is: off, connecting, live, paused, stopped or done.
@@ -92,14 +94,25 @@
         return;
       }
       var old = tools.querySelectorAll("li.pikku-operation");
+      var fresh = items.querySelectorAll("li.pikku-operation");
+      if (markup(old) === markup(fresh)) {
+        return; // unchanged: the buttons stay as they are (focus, a click on its way)
+      }
       for (var i = 0; i < old.length; i++) {
         old[i].parentNode.removeChild(old[i]);
       }
       var first = tools.firstChild;
-      var fresh = items.querySelectorAll("li.pikku-operation");
       for (var j = 0; j < fresh.length; j++) {
         tools.insertBefore(document.importNode(fresh[j], true), first);
       }
+    }
+
+    function markup(elements) {
+      return Array.prototype.map
+        .call(elements, function (element) {
+          return element.outerHTML;
+        })
+        .join("");
     }
 
     function swapParts(html) {
@@ -108,7 +121,7 @@
       ["pikku-family", "pikku-run-submit"].forEach(function (id) {
         var part = doc.getElementById(id);
         var here = $(id);
-        if (part && here) {
+        if (part && here && part.outerHTML !== here.outerHTML) {
           here.parentNode.replaceChild(document.importNode(part, true), here);
         }
       });
