@@ -27,6 +27,7 @@ from pikku_django.conf import pikku_settings
 from pikku_django.models import TriggerSource
 from pikku_django.webhooks._send_events import NoRunForEventError
 from pikku_django.webhooks.bodies import BodyLimitError
+from pikku_django.webhooks.credentials import UndecryptableCredentialError
 from pikku_django.webhooks.dispatch import new_events, store_new_event
 from pikku_django.webhooks.sources import (
     ReceiveContext,
@@ -118,6 +119,8 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
         return _error(404, "no such webhook source")
     except UNREACHABLE as exc:
         return _unavailable(source, using, exc)
+    except UndecryptableCredentialError as exc:
+        return _undecryptable(source, exc)
     return answer
 
 
@@ -318,6 +321,13 @@ def _unavailable(source: WebhookSource, using: str, exc: Exception) -> HttpRespo
     for alias in {using, pikku_settings.WORKFLOW_DATABASE}:
         connections[alias].close_if_unusable_or_obsolete()  # the next request reconnects
     return _error(503, "the database is unreachable; send the request again later")
+
+
+def _undecryptable(source: WebhookSource, exc: UndecryptableCredentialError) -> HttpResponse:
+    """503 while a stored secret cannot be decrypted: a setting to fix, not the sender's
+    fault; nothing stored, the sender retries."""
+    logger.error("Webhook %s refused (503): %s", source.name, exc)
+    return _error(503, "the webhook secret cannot be decrypted; send the request again later")
 
 
 # The view commits each event itself, so it never runs inside ATOMIC_REQUESTS: a kept

@@ -15,7 +15,13 @@ from pikku_django.conf import pikku_settings
 from pikku_django.management.commands.pikku_sources import format_table, yes_no
 from pikku_django.models import CredentialValue
 from pikku_django.schema import require_migrated
-from pikku_django.webhooks.credentials import rotate_encryption, set_credential
+from pikku_django.webhooks.credentials import (
+    keys_advice,
+    keys_described,
+    rotate_encryption,
+    set_credential,
+    undecryptable_values,
+)
 from pikku_django.webhooks.secret_checks import InvalidSecretError
 from pikku_django.webhooks.sources import sources
 
@@ -154,6 +160,15 @@ class Command(BaseCommand):
             self.stdout.write(format_table(headers, rows))
         else:
             self.stdout.write("No credential values are stored.")
+        for row in undecryptable_values():
+            self.stdout.write(
+                self.style.ERROR(
+                    f"Value {row.pk} of {row.credential} cannot be decrypted with "
+                    f"{keys_described()}"
+                    + (": webhooks that need it answer 503. " if row.active else ". ")
+                    + f"To fix: {keys_advice()}."
+                )
+            )
         configured = pikku_settings.CREDENTIALS or {}
         if configured:
             self.stdout.write(
@@ -201,14 +216,14 @@ class Command(BaseCommand):
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from exc
         except InvalidToken as exc:
+            bad = ", ".join(str(row.pk) for row in undecryptable_values())
             raise CommandError(
-                "A stored value cannot be decrypted with any key in PIKKU['CREDENTIAL_KEYS']: "
-                "keep the old key in the list (after the new one) until rotate has "
-                "re-encrypted every value. Nothing was re-encrypted."
+                f"Stored value(s) {bad} cannot be decrypted with {keys_described()}: "
+                f"{keys_advice()}. Nothing was re-encrypted."
             ) from exc
         key = (
             "the first key in PIKKU['CREDENTIAL_KEYS']"
             if pikku_settings.CREDENTIAL_KEYS
-            else "the key derived from SECRET_KEY"
+            else "the key derived from SECRET_KEY (SECRET_KEY_FALLBACKS can then go)"
         )
         self.stdout.write(self.style.SUCCESS(f"Re-encrypted {count} value(s) with {key}."))
