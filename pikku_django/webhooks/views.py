@@ -29,6 +29,7 @@ from pikku_django.webhooks._send_events import NoRunForEventError
 from pikku_django.webhooks.bodies import BodyLimitError
 from pikku_django.webhooks.credentials import UndecryptableCredentialError
 from pikku_django.webhooks.dispatch import new_events, store_new_event
+from pikku_django.webhooks.identifiers import UnusableIdentifierError
 from pikku_django.webhooks.sources import (
     ReceiveContext,
     Received,
@@ -269,15 +270,20 @@ def _store(
     read again (404 when now off) and the request verified again before storing on.
     """
     valid, unreadable = _valid_events(source, events)
-    rows: list[NewEvent] = (
-        new_events(source, valid, delivery_id=ctx.delivery_id, body=ctx.body) if valid else []
-    )
+    try:
+        rows: list[NewEvent] = (
+            new_events(source, valid, delivery_id=ctx.delivery_id, body=ctx.body) if valid else []
+        )
+    except UnusableIdentifierError as exc:
+        raise _unusable_id(source, exc) from None
     accepted = 0
     changes = 0
     index = 0
     while index < len(rows):
         try:
             outcome = store_new_event(rows[index], gate=state.gate)
+        except UnusableIdentifierError as exc:
+            raise _unusable_id(source, exc) from None
         except NoRunForEventError as exc:
             logger.warning("%s; answered 409, nothing stored", exc)
             raise Answered(_error(409, "no run waits for this event; send it again later")) from exc
@@ -294,6 +300,12 @@ def _store(
     if unreadable:
         raise _unreadable(unreadable if isinstance(unreadable, BaseException) else None)
     return accepted
+
+
+def _unusable_id(source: WebhookSource, exc: UnusableIdentifierError) -> Answered:
+    """400 for an id from the body that may not be stored or logged (as a header's)."""
+    logger.info("Webhook %s refused: %s", source.name, exc)
+    return Answered(_error(400, str(exc)))
 
 
 def _source_changed(
