@@ -26,7 +26,7 @@ from django.views.decorators.csrf import csrf_exempt
 from pikku_django.conf import pikku_settings
 from pikku_django.models import TriggerSource
 from pikku_django.webhooks._send_events import NoRunForEventError
-from pikku_django.webhooks.bodies import BodyLimitError
+from pikku_django.webhooks.bodies import BodyLimitError, note_unbounded_asgi
 from pikku_django.webhooks.credentials import UndecryptableCredentialError
 from pikku_django.webhooks.dispatch import new_events, store_new_event
 from pikku_django.webhooks.identifiers import UnusableIdentifierError
@@ -100,6 +100,7 @@ UNREACHABLE = _unreachable_errors()
 @csrf_exempt
 def webhook(request: HttpRequest, route: str) -> HttpResponse:
     """Answer one webhook request for the source declared at ``route``."""
+    note_unbounded_asgi(request)
     source = source_for_route(route)
     if source is None:
         return _error(404, "no such webhook source")
