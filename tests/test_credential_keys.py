@@ -17,6 +17,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
+from pikku_django.checks import check_database_state
 from pikku_django.models import CredentialValue, TriggerSource, WebhookReceipt
 from pikku_django.webhooks import credential_name, credential_values, set_credential
 from pikku_django.webhooks.lifecycle import sync
@@ -110,3 +111,5 @@ def test_a_secret_no_key_decrypts_is_answered_503_with_the_reason_logged(
     assert fix in listed
     with pytest.raises(CommandError, match=f"Stored value\\(s\\) {stored.pk} cannot be decrypted"):
         credentials_cmd("rotate")
+    [error] = [m for m in check_database_state(databases=["default"]) if m.id.endswith("E016")]
+    assert fix in error.msg
