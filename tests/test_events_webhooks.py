@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -183,3 +184,51 @@ def test_an_event_for_no_run_stores_no_receipt(client: Client, bound: Any) -> No
     using = get_engine().using
     assert not WebhookReceipt.objects.using(using).filter(source="ev-bound").exists()
     assert not WorkflowEvent.objects.using(using).exists()
+
+
+# -- identifiers from the body: the rule delivery-id headers follow ---------------------
+
+HOSTILE_IDS = ["evt_9\nWebhook ev-bound refused: forged", "evt_9\x1b]0;title\x07", "e" * 256]
+
+
+def test_an_event_id_from_the_body_breaking_the_id_rule_is_refused_400(
+    client: Client, bound: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = get_engine()
+    engine.start(ev_checkout, {}, idempotency_key="order-9")
+    engine.run_until_idle()
+    caplog.set_level(logging.DEBUG, logger="pikku_django")
+    for n, bad in enumerate(HOSTILE_IDS):
+        payload = {
+            "id": bad,
+            "type": "payment_intent.succeeded",
+            "object": {"id": "pi_9", "metadata": {"order": "order-9"}},
+        }
+        answer = _post(client, payload, f"d-id-{n}", url=BOUND_URL)
+        assert answer.status_code == 400, answer.content
+        assert "id of event 'payment_intent.succeeded' is not a usable id" in answer.json()["error"]
+    using = engine.using
+    assert not WebhookReceipt.objects.using(using).filter(source="ev-bound").exists()
+    assert not WorkflowEvent.objects.using(using).exists()
+    logged = [record.getMessage() for record in caplog.records]
+    assert any("not a usable id" in message for message in logged)
+    assert not [m for m in logged if "\n" in m or "\x1b" in m or "e" * 256 in m]
+
+
+def test_a_run_key_from_the_body_breaking_the_id_rule_is_refused_400(
+    client: Client, bound: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="pikku_django")
+    for n, bad in enumerate(HOSTILE_IDS):
+        payload = {
+            "id": f"evt_key_{n}",
+            "type": "payment_intent.succeeded",
+            "object": {"id": "pi_10", "metadata": {"order": bad}},
+        }
+        answer = _post(client, payload, f"d-key-{n}", url=BOUND_URL)
+        assert answer.status_code == 400, answer.content
+        assert "run key of event" in answer.json()["error"]
+    using = get_engine().using
+    assert not WebhookReceipt.objects.using(using).filter(source="ev-bound").exists()
+    logged = [record.getMessage() for record in caplog.records]
+    assert not [m for m in logged if "\n" in m or "\x1b" in m or "e" * 256 in m]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -402,6 +403,42 @@ def test_development_registers_under_the_developers_label_and_keeps_a_file(
         "label": "dev-alice:prov-hooks",
     }
     assert stat.S_IMODE(development.stat().st_mode) == 0o600  # it holds secrets
+
+
+@pytest.fixture
+def no_umask() -> Iterator[None]:
+    previous = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def test_the_development_file_is_made_owner_only_not_narrowed_after(
+    provider: FakeProvider,
+    development: Path,
+    no_umask: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under umask 0, with no chmod allowed, the file (new, then replacing one a
+    wider mode left) is 0600: it is created so, never readable by others meanwhile."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError("chmod refused")
+
+    real_chmod = os.chmod
+    monkeypatch.setattr(os, "chmod", refuse)
+    monkeypatch.setattr(Path, "chmod", refuse)
+    enable("prov-hooks")
+    assert stat.S_IMODE(development.stat().st_mode) == 0o600
+    saved = development.read_text()
+    development.unlink()
+    development.write_text(saved)
+    real_chmod(development, 0o644)
+    disable("prov-hooks")
+    assert stat.S_IMODE(development.stat().st_mode) == 0o600
+    assert "prov-hooks" not in json.loads(development.read_text())
+    assert [p.name for p in development.parent.iterdir()] == [DEV_REGISTRATIONS_FILE]
 
 
 def test_after_a_database_reset_development_does_not_register_again(

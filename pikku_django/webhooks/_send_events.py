@@ -11,6 +11,7 @@ from typing import Any
 from django.db import transaction
 
 from pikku_django.models import WebhookReceipt
+from pikku_django.webhooks.identifiers import UnusableIdentifierError, check_identifier
 from pikku_django.webhooks.sources import EventBinding
 from pikku_django.webhooks.sql import Gate, NewEvent, store_event
 from pikku_django.workflows import RunKey, WorkflowEngine, WorkflowRunNotFoundError
@@ -31,16 +32,19 @@ def store_and_send(
     now: datetime,
 ) -> bool:
     """Store ``new``'s receipt and send its data to the bound run, both or neither:
-    whether the receipt is new (a redelivery sends nothing)."""
+    whether the receipt is new (a redelivery sends nothing). A run key breaking the
+    identifier rule raises :class:`UnusableIdentifierError`, nothing stored."""
     with transaction.atomic(using=engine.using):
         if not store_event(engine.using, new, notify=False, gate=gate, now=now):
             return False
         data: Any = None if new.data_json is None else json.loads(new.data_json)
         try:
-            key = binding.run_key(data)
+            key = check_identifier(binding.run_key(data), f"the run key of event {new.event!r}")
             sent = engine.events.send(
-                RunKey(binding.workflow, str(key)), binding.event, data, event_id=new.provider_id
+                RunKey(binding.workflow, key), binding.event, data, event_id=new.provider_id
             )
+        except UnusableIdentifierError:
+            raise  # refused (400), not waited for
         except (WorkflowRunNotFoundError, LookupError, TypeError, ValueError) as exc:
             raise NoRunForEventError(
                 f"Webhook {new.source}:{new.event} {new.provider_id}: no run of "

@@ -10,6 +10,7 @@ parsing, so a deep body never reaches the parser or the database.
 from __future__ import annotations
 
 import json
+import logging
 from array import array
 from itertools import accumulate
 from typing import Any
@@ -18,11 +19,43 @@ from django.core.exceptions import ImproperlyConfigured
 
 from pikku_django.conf import pikku_settings
 
-__all__ = ["MAX_JSON_DEPTH", "BodyLimitError", "check_json_text", "json_depth", "loads"]
+__all__ = [
+    "ASGI_SCOPE_KEY",
+    "MAX_JSON_DEPTH",
+    "BodyLimitError",
+    "check_json_text",
+    "json_depth",
+    "loads",
+    "note_unbounded_asgi",
+]
+
+logger = logging.getLogger(__name__)
 
 #: The deepest JSON a webhook body may nest: what every database stores, as MariaDB
 #: takes JSON 31 levels deep and the run's input wraps the data in up to two more.
 MAX_JSON_DEPTH = 29
+
+
+#: Set in the ASGI scope by :class:`pikku_django.asgi.WebhookBodyLimit`: the body was
+#: bounded as it arrived.
+ASGI_SCOPE_KEY = "pikku_django.webhook_max_body"
+_warned_unbounded = False
+
+
+def note_unbounded_asgi(request: Any) -> None:
+    """Warn once per process when a webhook request came through an ASGI application
+    that read its whole body before the view (see :mod:`pikku_django.asgi`)."""
+    global _warned_unbounded
+    scope = getattr(request, "scope", None)
+    if _warned_unbounded or not isinstance(scope, dict) or ASGI_SCOPE_KEY in scope:
+        return
+    _warned_unbounded = True
+    logger.warning(
+        "Webhook bodies are read whole under ASGI before PIKKU['WEBHOOK_MAX_BODY'] applies "
+        "(a 300 MB body is read before its 413): build the ASGI application with "
+        "pikku_django.asgi.get_asgi_application(), or wrap it with "
+        "pikku_django.asgi.limit_webhook_bodies()."
+    )
 
 
 class BodyLimitError(ValueError):

@@ -1,8 +1,10 @@
 """Named credentials (webhook secrets), encrypted at rest, with several active values.
 
 Values are encrypted with Fernet keys from ``PIKKU['CREDENTIAL_KEYS']`` (the first
-encrypts, every one decrypts, so keys rotate); without it, one key is derived
-from ``SECRET_KEY``. ``PIKKU['CREDENTIALS']`` may give values in settings instead.
+encrypts, every one decrypts, so keys rotate); without it, the keys are derived from
+``SECRET_KEY`` (which encrypts) and ``SECRET_KEY_FALLBACKS`` (which still decrypt), so
+rotating ``SECRET_KEY`` as Django documents keeps every value readable.
+``PIKKU['CREDENTIALS']`` may give values in settings instead.
 """
 
 from __future__ import annotations
@@ -27,6 +29,56 @@ if TYPE_CHECKING:
     from pikku_django.webhooks.secret_checks import UnusableSecret
 
 
+class UndecryptableCredentialError(ImproperlyConfigured):
+    """A stored credential value no key at hand decrypts (the key it was written with
+    was dropped); ``credential`` names it when known."""
+
+    def __init__(self, credential: str | None = None) -> None:
+        self.credential = credential
+        value = f"A stored value of credential {credential!r}" if credential else "A stored value"
+        super().__init__(f"{value} cannot be decrypted with {keys_described()}: {keys_advice()}")
+
+
+def keys_described() -> str:
+    """Which keys decrypt stored values, as a message names them."""
+    if pikku_settings.CREDENTIAL_KEYS:
+        return "any key in PIKKU['CREDENTIAL_KEYS']"
+    return "the keys derived from SECRET_KEY and SECRET_KEY_FALLBACKS"
+
+
+def keys_advice() -> str:
+    """What to do when a stored value cannot be decrypted."""
+    if pikku_settings.CREDENTIAL_KEYS:
+        keep = (
+            "put the key it was written with back in PIKKU['CREDENTIAL_KEYS'] (after the new one)"
+        )
+    else:
+        keep = "put the SECRET_KEY it was written with back in SECRET_KEY_FALLBACKS"
+    return (
+        f"{keep} until `manage.py pikku_credentials rotate` has re-encrypted every value, "
+        "or retire the value (`pikku_credentials retire ID`) and set it again"
+    )
+
+
+def _derived_keys() -> list[str]:
+    """Fernet keys from SECRET_KEY (first: it encrypts) and SECRET_KEY_FALLBACKS."""
+    secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", ())]
+    return [
+        base64.urlsafe_b64encode(
+            hashlib.sha256(b"pikku-credentials:" + str(secret).encode()).digest()
+        ).decode()
+        for secret in secrets
+    ]
+
+
+def _key_id() -> tuple[Any, ...]:
+    """What the keys in use are made from, to remember decrypted values by."""
+    keys = pikku_settings.CREDENTIAL_KEYS
+    if keys:
+        return tuple(keys) if isinstance(keys, list | tuple) else (keys,)
+    return ("SECRET_KEY", settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", ()))
+
+
 def _fernet() -> MultiFernet:
     try:
         from cryptography.fernet import Fernet, MultiFernet
@@ -34,10 +86,7 @@ def _fernet() -> MultiFernet:
         raise ImproperlyConfigured(
             "Stored credentials need cryptography: pip install 'pikku-django[webhooks]'"
         ) from exc
-    keys = pikku_settings.CREDENTIAL_KEYS
-    if not keys:
-        digest = hashlib.sha256(b"pikku-credentials:" + settings.SECRET_KEY.encode()).digest()
-        keys = [base64.urlsafe_b64encode(digest).decode()]
+    keys = pikku_settings.CREDENTIAL_KEYS or _derived_keys()
     if isinstance(keys, str):
         keys = [keys]
     try:
@@ -54,17 +103,14 @@ def encrypt(value: str) -> str:
     return _fernet().encrypt(value.encode()).decode()
 
 
-def decrypt(token: str) -> str:
+def decrypt(token: str, credential: str | None = None) -> str:
+    """The value ``token`` encrypts, or :class:`UndecryptableCredentialError`."""
     from cryptography.fernet import InvalidToken
 
     try:
         return _fernet().decrypt(token.encode()).decode()
     except InvalidToken as exc:
-        raise ImproperlyConfigured(
-            "A stored credential cannot be decrypted with PIKKU['CREDENTIAL_KEYS']: keep "
-            "the old key in the list (after the new one) until `manage.py pikku_credentials "
-            "rotate` has re-encrypted every value."
-        ) from exc
+        raise UndecryptableCredentialError(credential) from exc
 
 
 def hint_of(value: str) -> str:
@@ -111,23 +157,37 @@ def credential_values(name: str) -> list[str]:
     from pikku_django.models import CredentialValue
 
     return configured_values(name) + [
-        decrypt(token)
+        decrypt(token, name)
         for token in CredentialValue.objects.filter(credential=name, active=True)
         .order_by("-created_at")
         .values_list("ciphertext", flat=True)
     ]
 
 
-def decrypt_cached(token: str) -> str:
+def decrypt_cached(token: str, credential: str | None = None) -> str:
     """:func:`decrypt`, remembered per key set and ciphertext (a webhook's hot path)."""
-    keys = pikku_settings.CREDENTIAL_KEYS
-    key_id = tuple(keys) if isinstance(keys, list | tuple) else (keys, settings.SECRET_KEY)
-    return _decrypt_once(key_id, token)
+    try:
+        return _decrypt_once(_key_id(), token)
+    except UndecryptableCredentialError as exc:
+        raise UndecryptableCredentialError(credential) from exc.__cause__
 
 
 @functools.lru_cache(maxsize=512)
 def _decrypt_once(key_id: tuple[Any, ...], token: str) -> str:
     return decrypt(token)
+
+
+def undecryptable_values() -> list[Any]:
+    """The stored values (active or not) that no key at hand decrypts, oldest first."""
+    from pikku_django.models import CredentialValue
+
+    found = []
+    for row in CredentialValue.objects.order_by("created_at", "pk"):
+        try:
+            decrypt(row.ciphertext)
+        except UndecryptableCredentialError:
+            found.append(row)
+    return found
 
 
 def rotate_encryption() -> int:
@@ -161,7 +221,7 @@ def unusable_secrets() -> list[UnusableSecret]:
         ]
         for row in CredentialValue.objects.filter(credential=credential, active=True):
             try:
-                value = decrypt(row.ciphertext)
+                value = decrypt(row.ciphertext, credential)
             except Exception:
                 logger.debug("credential value %s cannot be decrypted", row.pk, exc_info=True)
                 continue

@@ -12,6 +12,7 @@ from django.db import DataError
 
 from pikku_django.conf import pikku_settings
 from pikku_django.models import WebhookReceipt
+from pikku_django.webhooks.identifiers import check_identifier
 from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, event_json, handler_for
 from pikku_django.webhooks.sql import RECEIPTS_WAITING, Gate, NewEvent, idempotency_key, store_event
 from pikku_django.workflows.intake import RunStarter, register_intake
@@ -46,9 +47,12 @@ def dispatch(ctx: Any, input: dict[str, Any]) -> Any:
 
 
 def provider_id_for(event: WebhookEvent, delivery_id: str | None, body: bytes) -> str:
-    """The de-duplication id: the event's own, the delivery's, or a hash of the body."""
+    """The de-duplication id: the event's own, the delivery's, or a hash of the body.
+
+    An event id breaking the identifier rule raises :class:`UnusableIdentifierError`.
+    """
     if event.id:
-        return str(event.id)[:255]
+        return check_identifier(event.id, f"the id of event {event.name!r}")
     if delivery_id:
         return str(delivery_id)[:255]
     return "sha256:" + hashlib.sha256(body).hexdigest()

@@ -7,10 +7,12 @@ enabled source. Only an enabled source is ever registered.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -286,9 +288,15 @@ def _dev_registrations() -> dict[str, Any] | None:
 
 
 def _save_dev_registrations(data: dict[str, Any]) -> None:
+    """Write the file whole, readable by its owner only from the moment it exists (it
+    holds signing secrets): a new file made 0600 replaces the old one at once."""
     path = dev_registrations_path()
-    path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
     try:
-        path.chmod(0o600)  # it holds signing secrets
-    except OSError:
-        logger.debug("could not restrict %s", path)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:  # mkstemp makes it 0600
+            file.write(json.dumps(data, indent=2, sort_keys=True))
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

@@ -16,6 +16,8 @@ from typing import Any
 
 from django.utils.datastructures import CaseInsensitiveMapping
 
+from pikku_django.webhooks.identifiers import MAX_IDENTIFIER_LENGTH, is_usable
+
 __all__ = [
     "MAX_DELIVERY_ID_LENGTH",
     "MAX_HEADER_LENGTH",
@@ -43,7 +45,7 @@ MAX_HEADER_LENGTH = 4096
 """A signature, timestamp or delivery-id header longer than this is malformed."""
 MAX_SIGNATURES = 16
 """At most this many signatures in one header (bounds the work per request)."""
-MAX_DELIVERY_ID_LENGTH = 255
+MAX_DELIVERY_ID_LENGTH = MAX_IDENTIFIER_LENGTH
 """A delivery id longer than this is malformed."""
 #: A timestamp header: unix seconds, ASCII digits only.
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
@@ -241,8 +243,9 @@ def parse_timestamp(value: str, what: str) -> int:
 
 
 def check_delivery_id(value: str, what: str) -> str:
-    """A delivery id fit to store and log, or raise :class:`MalformedSignatureError`."""
-    if len(value) > MAX_DELIVERY_ID_LENGTH or not value.isprintable():
+    """A delivery id fit to store and log (the rule of
+    :mod:`~pikku_django.webhooks.identifiers`), or raise :class:`MalformedSignatureError`."""
+    if not is_usable(value):
         raise MalformedSignatureError(f"{what} is not a usable delivery id")
     return value
 

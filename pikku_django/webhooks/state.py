@@ -76,7 +76,7 @@ def source_state(
     generation = kept.generation if kept is not None else 0
     enabled, ciphertexts = read_state(connection, source, credential)
     secrets = configured_values(credential) if credential else []
-    secrets += [decrypt_cached(token) for token in reversed(ciphertexts)]
+    secrets += [decrypt_cached(token, credential) for token in reversed(ciphertexts)]
     state = SourceState(enabled, secrets, Gate(source, credential, fingerprint_of(ciphertexts)))
     if kept is not None:
         if enabled and kept.generation == generation:

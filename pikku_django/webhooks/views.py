@@ -26,8 +26,10 @@ from django.views.decorators.csrf import csrf_exempt
 from pikku_django.conf import pikku_settings
 from pikku_django.models import TriggerSource
 from pikku_django.webhooks._send_events import NoRunForEventError
-from pikku_django.webhooks.bodies import BodyLimitError
+from pikku_django.webhooks.bodies import BodyLimitError, note_unbounded_asgi
+from pikku_django.webhooks.credentials import UndecryptableCredentialError
 from pikku_django.webhooks.dispatch import new_events, store_new_event
+from pikku_django.webhooks.identifiers import UnusableIdentifierError
 from pikku_django.webhooks.sources import (
     ReceiveContext,
     Received,
@@ -98,6 +100,7 @@ UNREACHABLE = _unreachable_errors()
 @csrf_exempt
 def webhook(request: HttpRequest, route: str) -> HttpResponse:
     """Answer one webhook request for the source declared at ``route``."""
+    note_unbounded_asgi(request)
     source = source_for_route(route)
     if source is None:
         return _error(404, "no such webhook source")
@@ -118,6 +121,8 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
         return _error(404, "no such webhook source")
     except UNREACHABLE as exc:
         return _unavailable(source, using, exc)
+    except UndecryptableCredentialError as exc:
+        return _undecryptable(source, exc)
     return answer
 
 
@@ -266,15 +271,20 @@ def _store(
     read again (404 when now off) and the request verified again before storing on.
     """
     valid, unreadable = _valid_events(source, events)
-    rows: list[NewEvent] = (
-        new_events(source, valid, delivery_id=ctx.delivery_id, body=ctx.body) if valid else []
-    )
+    try:
+        rows: list[NewEvent] = (
+            new_events(source, valid, delivery_id=ctx.delivery_id, body=ctx.body) if valid else []
+        )
+    except UnusableIdentifierError as exc:
+        raise _unusable_id(source, exc) from None
     accepted = 0
     changes = 0
     index = 0
     while index < len(rows):
         try:
             outcome = store_new_event(rows[index], gate=state.gate)
+        except UnusableIdentifierError as exc:
+            raise _unusable_id(source, exc) from None
         except NoRunForEventError as exc:
             logger.warning("%s; answered 409, nothing stored", exc)
             raise Answered(_error(409, "no run waits for this event; send it again later")) from exc
@@ -291,6 +301,12 @@ def _store(
     if unreadable:
         raise _unreadable(unreadable if isinstance(unreadable, BaseException) else None)
     return accepted
+
+
+def _unusable_id(source: WebhookSource, exc: UnusableIdentifierError) -> Answered:
+    """400 for an id from the body that may not be stored or logged (as a header's)."""
+    logger.info("Webhook %s refused: %s", source.name, exc)
+    return Answered(_error(400, str(exc)))
 
 
 def _source_changed(
@@ -318,6 +334,13 @@ def _unavailable(source: WebhookSource, using: str, exc: Exception) -> HttpRespo
     for alias in {using, pikku_settings.WORKFLOW_DATABASE}:
         connections[alias].close_if_unusable_or_obsolete()  # the next request reconnects
     return _error(503, "the database is unreachable; send the request again later")
+
+
+def _undecryptable(source: WebhookSource, exc: UndecryptableCredentialError) -> HttpResponse:
+    """503 while a stored secret cannot be decrypted: a setting to fix, not the sender's
+    fault; nothing stored, the sender retries."""
+    logger.error("Webhook %s refused (503): %s", source.name, exc)
+    return _error(503, "the webhook secret cannot be decrypted; send the request again later")
 
 
 # The view commits each event itself, so it never runs inside ATOMIC_REQUESTS: a kept

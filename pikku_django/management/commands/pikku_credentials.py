@@ -12,10 +12,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from pikku_django.conf import pikku_settings
-from pikku_django.management.commands.pikku_sources import format_table, yes_no
+from pikku_django.management.output import format_table, shown, yes_no
 from pikku_django.models import CredentialValue
 from pikku_django.schema import require_migrated
-from pikku_django.webhooks.credentials import rotate_encryption, set_credential
+from pikku_django.webhooks.credentials import (
+    keys_advice,
+    keys_described,
+    rotate_encryption,
+    set_credential,
+    undecryptable_values,
+)
 from pikku_django.webhooks.secret_checks import InvalidSecretError
 from pikku_django.webhooks.sources import sources
 
@@ -108,18 +114,18 @@ class Command(BaseCommand):
         try:
             stored = set_credential(name, value, replace=replace)
         except InvalidSecretError as exc:
-            raise CommandError(f"{exc}. Nothing was stored.") from exc
+            raise CommandError(f"{shown(exc)}. Nothing was stored.") from exc
         except ImproperlyConfigured as exc:
-            raise CommandError(str(exc)) from exc
-        hint = f" (…{stored.hint})" if stored.hint else ""
-        self.stdout.write(self.style.SUCCESS(f"Stored value {stored.pk} for {name}{hint}."))
+            raise CommandError(shown(exc)) from exc
+        hint = f" (…{shown(stored.hint)})" if stored.hint else ""
+        self.stdout.write(self.style.SUCCESS(f"Stored value {stored.pk} for {shown(name)}{hint}."))
         if replace and active:
             self.stdout.write(f"Retired {active} older value(s).")
         left = CredentialValue.objects.filter(credential=name, active=True).count()
-        self.stdout.write(f"{name} has {left} active value(s).")
+        self.stdout.write(f"{shown(name)} has {left} active value(s).")
         declared = declared_credentials()
         if name not in declared:
-            known = ", ".join(sorted(declared)) or "none"
+            known = shown(", ".join(sorted(declared))) or "none"
             self.stdout.write(
                 self.style.WARNING(
                     f"Note: no declared source uses {name!r} (declared credentials: {known})."
@@ -135,7 +141,7 @@ class Command(BaseCommand):
         else:
             value = stdin.read().rstrip("\r\n")
         if not value:
-            raise CommandError(f"No value given for {name}: nothing was stored.")
+            raise CommandError(f"No value given for {shown(name)}: nothing was stored.")
         return value
 
     def list_values(self) -> None:
@@ -154,10 +160,20 @@ class Command(BaseCommand):
             self.stdout.write(format_table(headers, rows))
         else:
             self.stdout.write("No credential values are stored.")
+        for row in undecryptable_values():
+            self.stdout.write(
+                self.style.ERROR(
+                    f"Value {row.pk} of {shown(row.credential)} cannot be decrypted with "
+                    f"{keys_described()}"
+                    + (": webhooks that need it answer 503. " if row.active else ". ")
+                    + f"To fix: {keys_advice()}."
+                )
+            )
         configured = pikku_settings.CREDENTIALS or {}
         if configured:
             self.stdout.write(
-                "Also given in settings.PIKKU['CREDENTIALS']: " + ", ".join(sorted(configured))
+                "Also given in settings.PIKKU['CREDENTIALS']: "
+                + shown(", ".join(sorted(configured)))
             )
         active = set(
             CredentialValue.objects.filter(active=True).values_list("credential", flat=True)
@@ -166,7 +182,8 @@ class Command(BaseCommand):
             if name not in active and not configured.get(name):
                 self.stdout.write(
                     self.style.WARNING(
-                        f"{name} has no active value: webhooks to {', '.join(users)} are "
+                        f"{shown(name)} has no active value: webhooks to "
+                        f"{shown(', '.join(users))} are "
                         f"refused (401) until one is set."
                     )
                 )
@@ -176,19 +193,20 @@ class Command(BaseCommand):
         if row is None:
             raise CommandError(f"No stored credential value has id {pk} (see `list`).")
         if not row.active:
-            self.stdout.write(f"Value {pk} of {row.credential} was already retired.")
+            self.stdout.write(f"Value {pk} of {shown(row.credential)} was already retired.")
             return
         row.active = False
         row.save(update_fields=["active"])
         left = CredentialValue.objects.filter(credential=row.credential, active=True).count()
         self.stdout.write(
-            self.style.SUCCESS(f"Retired value {pk} of {row.credential}.")
-            + f" {row.credential} has {left} active value(s) left."
+            self.style.SUCCESS(f"Retired value {pk} of {shown(row.credential)}.")
+            + f" {shown(row.credential)} has {left} active value(s) left."
         )
         if not left and row.credential in declared_credentials():
             self.stdout.write(
                 self.style.WARNING(
-                    f"Webhooks that need {row.credential} are refused (401) until a value is set."
+                    f"Webhooks that need {shown(row.credential)} are refused (401) "
+                    "until a value is set."
                 )
             )
 
@@ -199,16 +217,16 @@ class Command(BaseCommand):
             with transaction.atomic():
                 count = rotate_encryption()
         except ImproperlyConfigured as exc:
-            raise CommandError(str(exc)) from exc
+            raise CommandError(shown(exc)) from exc
         except InvalidToken as exc:
+            bad = ", ".join(str(row.pk) for row in undecryptable_values())
             raise CommandError(
-                "A stored value cannot be decrypted with any key in PIKKU['CREDENTIAL_KEYS']: "
-                "keep the old key in the list (after the new one) until rotate has "
-                "re-encrypted every value. Nothing was re-encrypted."
+                f"Stored value(s) {bad} cannot be decrypted with {keys_described()}: "
+                f"{keys_advice()}. Nothing was re-encrypted."
             ) from exc
         key = (
             "the first key in PIKKU['CREDENTIAL_KEYS']"
             if pikku_settings.CREDENTIAL_KEYS
-            else "the key derived from SECRET_KEY"
+            else "the key derived from SECRET_KEY (SECRET_KEY_FALLBACKS can then go)"
         )
         self.stdout.write(self.style.SUCCESS(f"Re-encrypted {count} value(s) with {key}."))

@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import uuid
-from collections.abc import Sequence
 from datetime import date
 from typing import Any
 
@@ -22,6 +21,7 @@ from pikku_django.admin.formatting import (
 )
 from pikku_django.admin.queries import RunFilters, describe, run_duration, with_list_columns
 from pikku_django.admin.steering import OPERATIONS, Operation
+from pikku_django.management.output import format_table, shown
 from pikku_django.models import RunStatus, StepAttempt, WorkflowRun, WorkflowStep
 from pikku_django.workflows.errors import WorkflowError
 
@@ -45,17 +45,6 @@ def json_value(value: str) -> Any:
         return json.loads(value)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"{value!r} is not JSON ({exc.msg})") from exc
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns two spaces apart, under a dashed rule."""
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
-    return "\n".join(lines)
 
 
 def find_run(value: str, using: str) -> WorkflowRun:
@@ -283,7 +272,7 @@ class Command(BaseCommand):
             fields.append(("output", json.dumps(run.output, default=str)))
         width = max(len(name) for name, _ in fields)
         for name, value in fields:
-            self.stdout.write(f"{name.rjust(width)}  {value}")
+            self.stdout.write(f"{name.rjust(width)}  {shown(value)}")
         self.stdout.write("")
         if not steps:
             self.stdout.write("No steps yet.")
@@ -335,7 +324,7 @@ class Command(BaseCommand):
         try:
             op.call(run, data)
         except WorkflowError as exc:
-            raise CommandError(f"Run {run.id} could not be {op.past}: {exc}") from exc
+            raise CommandError(f"Run {run.id} could not be {op.past}: {shown(exc)}") from exc
         logger.info("%s run %s (%s) from the command line", op.done, run.id, run.workflow)
         after = with_list_columns(WorkflowRun.objects.using(using).filter(pk=run.pk)).get()
         if options["json"]:

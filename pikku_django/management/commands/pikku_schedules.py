@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from pikku_django.management.commands.pikku_sources import format_table, yes_no
+from pikku_django.management.output import format_table, shown, yes_no
 from pikku_django.models import Schedule
 from pikku_django.schedules import (
     ScheduleError,
@@ -127,9 +127,10 @@ class Command(BaseCommand):
                 self.switch(subcommand, options["name"])
             elif subcommand == "trigger":
                 run = trigger_schedule(options["name"])
-                self.stdout.write(f"{options['name']}: started run {run.id} of {run.workflow}")
+                name, workflow = shown(options["name"]), shown(run.workflow)
+                self.stdout.write(f"{name}: started run {run.id} of {workflow}")
         except (ScheduleError, ScheduleNotFoundError, WorkflowNotFoundError) as exc:
-            raise CommandError(str(exc)) from exc
+            raise CommandError(shown(exc)) from exc
 
     def sync(self) -> None:
         report = sync_schedules()
@@ -139,22 +140,22 @@ class Command(BaseCommand):
         )
         for label, names in (("created", report.created), ("updated", report.updated)):
             for name in names:
-                self.stdout.write(f"  {label}: {name}")
+                self.stdout.write(f"  {label}: {shown(name)}")
         for name in report.undeclared:
-            self.stdout.write(f"  no longer declared (stopped): {name}")
+            self.stdout.write(f"  no longer declared (stopped): {shown(name)}")
 
     def switch(self, verb: str, name: str) -> None:
         result = enable_schedule(name) if verb == "enable" else disable_schedule(name)
         state = f"{verb}d" if result.changed else f"already {verb}d"
         row = result.schedule
         suffix = f"; next tick {local(row, row.next_tick_at)}" if row.next_tick_at else ""
-        self.stdout.write(f"{name}: {state}{suffix}")
+        self.stdout.write(f"{shown(name)}: {state}{suffix}")
 
     def show(self, as_json: bool) -> None:
         try:
             sync_schedules()
         except ScheduleError as exc:
-            self.stderr.write(f"Declarations not recorded: {exc}")
+            self.stderr.write(f"Declarations not recorded: {shown(exc)}")
         rows = list(schedules().order_by("name"))
         if as_json:
             self.stdout.write(json.dumps([row_data(r) for r in rows], indent=2))

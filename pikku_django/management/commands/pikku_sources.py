@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from pikku_django.management.output import format_table, shown, yes_no
 from pikku_django.models import TriggerSource
 from pikku_django.schema import require_migrated
 from pikku_django.webhooks import lifecycle
@@ -34,23 +34,6 @@ def valid_base_url(value: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname or " " in value:
         raise argparse.ArgumentTypeError(f"{value!r} is not an http(s) URL")
     return value
-
-
-def yes_no(value: bool) -> str:
-    return "yes" if value else "no"
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns two spaces apart, under a dashed rule."""
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-    lines = [
-        "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip(),
-        "  ".join("-" * w for w in widths),
-    ]
-    lines += [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
-    return "\n".join(lines)
 
 
 class Command(BaseCommand):
@@ -151,11 +134,11 @@ class Command(BaseCommand):
         try:
             outcome = call()
         except SourceError as exc:
-            raise CommandError(str(exc)) from exc
+            raise CommandError(shown(exc)) from exc
         self.show_outcome(outcome, verb)
         if outcome.status == "error":
             step = "registering it" if verb == "enabled" else "tearing it down"
-            raise CommandError(f"{name} is {verb}, but {step} failed (see above).")
+            raise CommandError(f"{shown(name)} is {verb}, but {step} failed (see above).")
 
     def reconcile(self, base_url: str | None, label_prefix: str | None) -> None:
         outcomes = lifecycle.reconcile(base_url=base_url, label_prefix=label_prefix)
@@ -170,7 +153,8 @@ class Command(BaseCommand):
         if failed:
             self.show_orphans()
             raise CommandError(
-                f"{len(failed)} of {len(outcomes)} provider step(s) failed: {', '.join(failed)}"
+                f"{len(failed)} of {len(outcomes)} provider step(s) failed: "
+                + shown(", ".join(failed))
             )
 
     # -- output -----------------------------------------------------------------------
@@ -180,9 +164,10 @@ class Command(BaseCommand):
             "error": self.style.ERROR,
             "manual": self.style.WARNING,
         }.get(outcome.status, self.style.SUCCESS)
-        self.stdout.write(style(f"{outcome.source}: {verb}; provider step: {outcome.status}"))
+        source, status = shown(outcome.source), shown(outcome.status)
+        self.stdout.write(style(f"{source}: {verb}; provider step: {status}"))
         if outcome.detail:
-            self.stdout.write(f"  {outcome.detail}")
+            self.stdout.write(f"  {shown(outcome.detail)}")
 
     def show_table(self, rows: list[TriggerSource]) -> None:
         headers = ("NAME", "ENABLED", "DECLARED", "STATUS", "BASE URL", "DETAIL", "UPDATED")
@@ -209,7 +194,7 @@ class Command(BaseCommand):
             return
         self.stdout.write(format_table(headers, table))
         for name, detail in long_details:
-            self.stdout.write(f"{name}: {detail}")
+            self.stdout.write(f"{shown(name)}: {shown(detail)}")
 
     def show_orphans(self) -> None:
         found = lifecycle.orphans()
@@ -217,7 +202,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 self.style.WARNING(
                     f"Orphans (registered with a provider, no longer declared): "
-                    f"{', '.join(found)}. Remove them from the provider by hand, then run "
+                    f"{shown(', '.join(found))}. Remove them from the provider by hand, then run "
                     "`pikku_sources disable NAME` for each recorded one."
                 )
             )
