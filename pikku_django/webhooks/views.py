@@ -28,6 +28,7 @@ from pikku_django.models import TriggerSource
 from pikku_django.webhooks._send_events import NoRunForEventError
 from pikku_django.webhooks.bodies import BodyLimitError
 from pikku_django.webhooks.dispatch import new_events, store_new_event
+from pikku_django.webhooks.routes import unmatched
 from pikku_django.webhooks.sources import (
     ReceiveContext,
     Received,
@@ -100,7 +101,7 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
     """Answer one webhook request for the source declared at ``route``."""
     source = source_for_route(route)
     if source is None:
-        return _error(404, "no such webhook source")
+        return unmatched(request, route)
     using = router.db_for_write(TriggerSource)  # never a replica: the switch must be current
     try:
         state = RequestState(
