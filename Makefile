@@ -84,7 +84,16 @@ test-latest: $(VENV_LATEST)/.installed
 	PIKKU_TEST_BACKENDS=mariadb $(VENV_LATEST)/bin/pytest $(PYTEST_XDIST) -m "not once" \
 		-k "mariadb or mysql" tests/test_tasks*.py
 
-docs: $(VENV)/.installed
+# The docs' own install: the docs extra only (MkDocs and its plugins), so `make docs`
+# compiles no database driver. `make test` builds the docs in the same .venv.
+$(VENV)/.docs-installed: pyproject.toml
+	@test -n "$(PYTHON)" || { echo "No Python 3.11+ found: install one or set PYTHON=/path/to/python3.11"; exit 1; }
+	@test -x $(VENV)/bin/python || { echo "Creating the virtualenv $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	@echo "Installing pikku-django with the docs extra into $(VENV) (MkDocs and its plugins)"
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[docs]"
+	@touch $@
+
+docs: $(VENV)/.docs-installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 test: lint typecheck docs test-main test-latest

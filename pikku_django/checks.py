@@ -10,7 +10,13 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from pikku_django.conf import DEFAULTS, pikku_settings
+from pikku_django.conf import (
+    DEFAULTS,
+    MILLISECONDS,
+    RULES,
+    pikku_settings,
+    setting_problem,
+)
 from pikku_django.leases.registry import BACKENDS
 
 logger = logging.getLogger(__name__)
@@ -18,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 @checks.register(checks.Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """PIKKU must be a dict of known keys."""
+    """PIKKU must be a dict of known keys, each value of the type (and in the range) its
+    rule in ``pikku_django.conf.RULES`` says."""
     raw = getattr(settings, "PIKKU", None)
     if raw is None:
         return []
@@ -30,7 +37,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="pikku_django.E001",
             )
         ]
-    return [
+    messages: list[checks.CheckMessage] = [
         checks.Warning(
             f"settings.PIKKU has an unknown key {key!r}; it is ignored.",
             hint=closest_key_hint(key),
@@ -38,6 +45,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         )
         for key in sorted(set(raw) - set(DEFAULTS))
     ]
+    for key in DEFAULTS:
+        if key not in raw:
+            continue
+        problem = setting_problem(key, raw[key])
+        if problem is not None:
+            messages.append(
+                checks.Error(
+                    f"{problem}.",
+                    hint=f"The default is {DEFAULTS[key]!r}; see the settings reference.",
+                    id=RULES[key].check_id,
+                )
+            )
+    return messages
 
 
 @checks.register(checks.Tags.compatibility)
@@ -45,16 +65,10 @@ def check_lease_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     """The configured lease backend must be usable."""
     if not isinstance(getattr(settings, "PIKKU", None) or {}, dict):
         return []
+    if not pikku_settings.well_typed("LEASE_BACKEND", "LEASE_DATABASE", "LEASE_CACHE"):
+        return []  # check_settings reports the value of the wrong type
     backend = pikku_settings.LEASE_BACKEND
-    ttl = pikku_settings.LEASE_TTL_MS
     errors: list[checks.CheckMessage] = []
-    if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl <= 0:
-        errors.append(
-            checks.Error(
-                f"PIKKU['LEASE_TTL_MS'] must be a positive int of milliseconds, not {ttl!r}.",
-                id="pikku_django.E002",
-            )
-        )
     if backend == "database":
         alias = pikku_settings.LEASE_DATABASE
         if alias not in settings.DATABASES:
@@ -120,6 +134,8 @@ def check_workflow_database(app_configs: Any = None, **kwargs: Any) -> list[chec
     """The workflow database must exist; on SQLite, writers must queue rather than fail."""
     if not isinstance(getattr(settings, "PIKKU", None) or {}, dict):
         return []
+    if not pikku_settings.well_typed("WORKFLOW_DATABASE"):
+        return []  # check_settings reports it
     alias = pikku_settings.WORKFLOW_DATABASE
     if alias not in settings.DATABASES:
         return [
@@ -167,11 +183,15 @@ def check_workflow_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
     from pikku_django.workflows.durations import parse_duration
 
     messages: list[checks.CheckMessage] = []
-    try:
-        parse_duration(pikku_settings.STEP_RETRY_DELAY, what="PIKKU['STEP_RETRY_DELAY']")
-    except ValueError as exc:
-        messages.append(checks.Error(str(exc), id="pikku_django.E010"))
-    if pikku_settings.STEP_BACKOFF not in ("fixed", "exponential"):
+    if pikku_settings.well_typed("STEP_RETRY_DELAY"):  # else check_settings reports it
+        try:
+            parse_duration(pikku_settings.STEP_RETRY_DELAY, what="PIKKU['STEP_RETRY_DELAY']")
+        except ValueError as exc:
+            messages.append(checks.Error(str(exc), id="pikku_django.E010"))
+    if pikku_settings.well_typed("STEP_BACKOFF") and pikku_settings.STEP_BACKOFF not in (
+        "fixed",
+        "exponential",
+    ):
         messages.append(
             checks.Error(
                 f"PIKKU['STEP_BACKOFF'] is {pikku_settings.STEP_BACKOFF!r}.",
@@ -179,54 +199,17 @@ def check_workflow_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                 id="pikku_django.E011",
             )
         )
-    retries = pikku_settings.STEP_RETRIES
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        messages.append(
-            checks.Error(
-                f"PIKKU['STEP_RETRIES'] must be an int of 0 or more, not {retries!r}.",
-                id="pikku_django.E012",
-            )
-        )
-    lease_settings = {
-        "STEP_LEASE_MS": pikku_settings.STEP_LEASE_MS,
-        "RUN_LEASE_MS": pikku_settings.RUN_LEASE_MS,
-    }
     queue_leases = pikku_settings.QUEUE_LEASE_MS
-    if not isinstance(queue_leases, dict):
-        messages.append(
-            checks.Error(
-                "PIKKU['QUEUE_LEASE_MS'] must be a dict of queue name to milliseconds.",
-                id="pikku_django.E013",
-            )
-        )
-    else:
-        lease_settings.update({f"QUEUE_LEASE_MS[{q!r}]": v for q, v in queue_leases.items()})
-    for name, value in lease_settings.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            messages.append(
-                checks.Error(
-                    f"PIKKU['{name}'] must be a positive int of milliseconds, not {value!r}.",
-                    id="pikku_django.E014",
+    if pikku_settings.well_typed("QUEUE_LEASE_MS"):  # else check_settings reports it
+        for queue, value in queue_leases.items():
+            if not MILLISECONDS.accepts(value):
+                messages.append(
+                    checks.Error(
+                        f"PIKKU['QUEUE_LEASE_MS'][{queue!r}] must be {MILLISECONDS.what}, "
+                        f"not {value!r}.",
+                        id="pikku_django.E014",
+                    )
                 )
-            )
-    for name in ("WORKER_POLL_INTERVAL", "WORKER_NOTIFIED_POLL_INTERVAL"):
-        seconds = getattr(pikku_settings, name)
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
-            messages.append(
-                checks.Error(
-                    f"PIKKU['{name}'] must be a number of seconds above 0, not {seconds!r}.",
-                    id="pikku_django.E019",
-                )
-            )
-    limit = pikku_settings.ASYNC_CONCURRENCY
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        messages.append(
-            checks.Error(
-                f"PIKKU['ASYNC_CONCURRENCY'] must be an int of 1 or more, not {limit!r}.",
-                hint="It is how many async def steps one pikku_worker process runs at once.",
-                id="pikku_django.E018",
-            )
-        )
     return messages
 
 
@@ -243,7 +226,9 @@ def check_queue_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.
             hint='e.g. {"reports": {"lease_ms": 300_000, "concurrency": 8, "rate": "100/1m"}}',
             id="pikku_django.E017",
         )
-        for problem in queue_problems(pikku_settings.QUEUES)
+        for problem in (
+            queue_problems(pikku_settings.QUEUES) if pikku_settings.well_typed("QUEUES") else []
+        )
     ]
     legacy = pikku_settings.QUEUE_LEASE_MS
     if "QUEUE_LEASE_MS" in pikku_settings.user_keys():
@@ -289,6 +274,8 @@ def check_database_state(
 
     Runs with ``manage.py check --database default`` (and before ``migrate``).
     """
+    if not pikku_settings.well_typed("WORKFLOW_DATABASE"):
+        return []  # check_settings reports it
     alias = pikku_settings.WORKFLOW_DATABASE
     if not databases or alias not in databases or alias not in settings.DATABASES:
         return []
@@ -322,6 +309,8 @@ def check_database_state(
             )
         )
         return messages
+    if not pikku_settings.well_typed("CREDENTIALS", "CREDENTIAL_KEYS"):
+        return messages  # check_settings reports it
     from pikku_django.webhooks.credentials import credential_values
     from pikku_django.webhooks.sources import sources
 
@@ -389,6 +378,8 @@ def check_migrations_applied(
     """
     from pikku_django.schema import pending_migrations_offline, pikku_databases
 
+    if not pikku_settings.well_typed("WORKFLOW_DATABASE", "LEASE_BACKEND", "LEASE_DATABASE"):
+        return []  # check_settings reports it
     messages: list[checks.CheckMessage] = []
     for alias in pikku_databases():
         if alias not in settings.DATABASES:
@@ -419,9 +410,13 @@ def check_webhook_secrets(
 
     Runs with ``manage.py check --database default`` (and before ``migrate``).
     """
+    if not pikku_settings.well_typed("WORKFLOW_DATABASE"):
+        return []  # check_settings reports it
     alias = pikku_settings.WORKFLOW_DATABASE
     if not databases or alias not in databases or alias not in settings.DATABASES:
         return []
+    if not pikku_settings.well_typed("CREDENTIALS", "CREDENTIAL_KEYS"):
+        return []  # check_settings reports it
     from django.db import DatabaseError
 
     from pikku_django.webhooks.credentials import unusable_secrets

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -136,6 +139,143 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class Rule:
+    """What the value of one ``PIKKU`` key must be: one of ``types`` (never a bool for a
+    number) and, for a number, finite and within ``minimum``/``maximum``; or None, or a
+    function, where allowed. ``what`` says it in an error, after "must be".
+    """
+
+    types: tuple[type, ...]
+    what: str
+    minimum: float | None = None
+    above: bool = False  # the minimum itself is refused
+    maximum: float | None = None
+    allows_none: bool = False
+    allows_function: bool = False
+    #: The system check id an error is reported under.
+    check_id: str = "pikku_django.E015"
+
+    def accepts(self, value: object) -> bool:
+        """Whether ``value`` is of the type and within the range."""
+        if value is None:
+            return self.allows_none
+        if self.allows_function and callable(value) and not isinstance(value, type):
+            return True
+        if isinstance(value, bool):
+            return bool in self.types
+        if not isinstance(value, self.types):
+            return False
+        if isinstance(value, int | float) and bool not in self.types:
+            return self._in_range(value)
+        return True
+
+    def _in_range(self, number: float) -> bool:
+        if not math.isfinite(number):
+            return False
+        low = self.minimum
+        if low is not None and (number <= low if self.above else number < low):
+            return False
+        return self.maximum is None or number <= self.maximum
+
+
+FLAG = Rule((bool,), "True or False")
+TEXT = Rule((str,), "a str")
+ALIAS = Rule((str,), "a str naming an alias")
+DICT = Rule((dict,), "a dict")
+COUNT = Rule((int,), "an int of 1 or more", minimum=1)
+SECONDS = Rule((int, float), "a number of seconds above 0", minimum=0, above=True)
+MILLISECONDS = Rule(
+    (int,), "a positive int of milliseconds", minimum=1, check_id="pikku_django.E014"
+)
+
+#: The type (and range) of every key in :data:`DEFAULTS`, one rule a key. The system
+#: checks report a value that breaks its rule; the checks of what a value means (an
+#: alias that exists, a cron time zone) read only values of the right type.
+RULES: dict[str, Rule] = {
+    "LEASE_BACKEND": Rule((str,), "a str: 'database', 'redis', 'memory' or a dotted path"),
+    "LEASE_DATABASE": ALIAS,
+    "LEASE_PREPARED_STATEMENTS": FLAG,
+    "LEASE_CACHE": Rule((str,), "a str naming a CACHES alias, or None", allows_none=True),
+    "LEASE_KEY_PREFIX": TEXT,
+    "LEASE_TTL_MS": Rule(
+        (int,), "a positive int of milliseconds", minimum=1, check_id="pikku_django.E002"
+    ),
+    "WORKFLOW_DATABASE": ALIAS,
+    "PREPARED_STATEMENTS": FLAG,
+    "STEP_RETRIES": Rule((int,), "an int of 0 or more", minimum=0, check_id="pikku_django.E012"),
+    "STEP_RETRY_DELAY": Rule(
+        (int, float, str, timedelta),
+        "seconds, a timedelta or text like '5s'",
+        check_id="pikku_django.E010",
+    ),
+    "STEP_BACKOFF": Rule((str,), "'fixed' or 'exponential'", check_id="pikku_django.E011"),
+    "STEP_LEASE_MS": MILLISECONDS,
+    "QUEUES": Rule((dict,), "a dict of queue name to its settings", check_id="pikku_django.E017"),
+    "QUEUE_LEASE_MS": Rule(
+        (dict,), "a dict of queue name to milliseconds", check_id="pikku_django.E013"
+    ),
+    "RUN_LEASE_MS": MILLISECONDS,
+    "RUN_PASS_TIMEOUT": SECONDS,
+    "WORKER_CONCURRENCY": COUNT,
+    "WORKER_PROCESSES": COUNT,
+    "WORKER_POLL_INTERVAL": Rule(
+        (int, float), SECONDS.what, minimum=0, above=True, check_id="pikku_django.E019"
+    ),
+    "WORKER_NOTIFY": FLAG,
+    "WORKER_NOTIFIED_POLL_INTERVAL": Rule(
+        (int, float), SECONDS.what, minimum=0, above=True, check_id="pikku_django.E019"
+    ),
+    "WORKER_PROGRESS_INTERVAL": SECONDS,
+    "RECOVERY_INTERVAL": SECONDS,
+    "STALLED_RUN_AFTER": SECONDS,
+    "PASS_ERROR_TRIES": COUNT,
+    "CARRY_RUNS": FLAG,
+    "FIRST_STEP_AT_START": FLAG,
+    "ASYNC_CONCURRENCY": Rule((int,), COUNT.what, minimum=1, check_id="pikku_django.E018"),
+    "WORKFLOW_CARRIED_VERSIONS_ONLY": FLAG,
+    "CREDENTIAL_KEYS": Rule((list, tuple, str), "a list of Fernet keys"),
+    "CREDENTIALS": Rule((dict,), "a dict of credential name to a value or list of values"),
+    "RUN_VIEW_PERMISSION": Rule(
+        (str,),
+        "None, a function (request, run) -> bool or its dotted path",
+        allows_none=True,
+        allows_function=True,
+    ),
+    "STREAM_POLL_INTERVAL": SECONDS,
+    "STREAM_HEARTBEAT": SECONDS,
+    "STREAM_MAX_SECONDS": SECONDS,
+    "WEBHOOK_MAX_BODY": Rule((int,), "a positive int of bytes", minimum=1),
+    "WEBHOOK_STATE_CACHE": FLAG,
+    "SCHEDULES": Rule((dict,), "a dict of schedule name to its declaration"),
+    "SCHEDULE_TIMEZONE": Rule(
+        (str,), "a time zone name or None", allows_none=True, check_id="pikku_django.E302"
+    ),
+    "SCHEDULE_MISSED": Rule((str,), "'latest', 'all' or 'none'", check_id="pikku_django.E302"),
+    "SCHEDULE_CATCHUP_LIMIT": Rule(
+        (int,),
+        "an int from 1 to 10000",
+        minimum=1,
+        maximum=10_000,
+        check_id="pikku_django.E302",
+    ),
+    "SCHEDULE_GRACE": Rule(
+        (int, float),
+        "a number of seconds, 0 or more",
+        minimum=0,
+        check_id="pikku_django.E302",
+    ),
+}
+
+
+def setting_problem(name: str, value: object) -> str | None:
+    """The error for ``PIKKU[name] = value`` when it breaks the key's rule, else None."""
+    rule = RULES[name]
+    if rule.accepts(value):
+        return None
+    return f"PIKKU[{name!r}] must be {rule.what}, not {value!r}"
+
+
 class PikkuSettings:
     """Reads ``settings.PIKKU``, falling back to :data:`DEFAULTS` key by key.
 
@@ -154,6 +294,10 @@ class PikkuSettings:
     def reset(self) -> None:
         """Forget the values read, so the next read sees ``settings.PIKKU`` again."""
         self.__dict__.clear()
+
+    def well_typed(self, *names: str) -> bool:
+        """Whether each of ``names`` has a value of the type (and range) its rule says."""
+        return all(RULES[name].accepts(getattr(self, name)) for name in names)
 
     def user_keys(self) -> set[str]:
         """The keys the project set in ``settings.PIKKU``."""

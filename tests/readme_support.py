@@ -13,6 +13,7 @@ A fenced block's language decides how it is checked:
   other path becomes an importable module that later samples may import.
 * ``sh`` lines must be commands this project knows (:func:`check_shell_block`).
 * ``ini`` is parsed as a systemd unit (:func:`check_ini_block`).
+* ``toml`` is a ``pyproject.toml`` section for pytest (:func:`check_toml_block`).
 * ``text`` is program output or a directory tree, shown for reading: it is not run,
   but it may not hide a command (:func:`check_text_block`), and the tree under
   "Layout" must exist.
@@ -56,6 +57,7 @@ LANGUAGES = {
     "python": "executed",
     "sh": "each command line checked against the project",
     "ini": "parsed as a systemd unit",
+    "toml": "parsed as a pyproject.toml's pytest section",
     "text": "output or a directory tree, shown for reading; never a command",
 }
 
@@ -64,6 +66,10 @@ EXTERNAL_TOOLS = {
     "apt-get": "installs system packages",
     "systemctl": "manages a systemd unit (its unit file is checked as an ini sample)",
 }
+
+#: What a `pip install` sample may install besides pikku-django: the test tools a project's
+#: own tests need (they are in the dev extra, so this project's suite runs on them too).
+TEST_TOOLS = ("pytest", "pytest-django")
 
 #: Virtualenvs `make` creates, whose tools samples call by path.
 VIRTUALENVS = (".venv/bin/", ".venv-latest/bin/")
@@ -88,7 +94,7 @@ DJANGO_COMMON_OPTIONS = {
 
 _FENCE = re.compile(r"^```(?P<lang>[^`\s]*)\s*$")
 _HEADING = re.compile(r"^(?P<level>#{1,6})\s+(?P<title>.+?)\s*$")
-_PATH_HEADER = re.compile(r"^#\s+(?P<path>[\w./-]+\.(?:py|service))\s*$")
+_PATH_HEADER = re.compile(r"^#\s+(?P<path>[\w./-]+\.(?:py|service|toml))\s*$")
 
 
 @dataclass(frozen=True)
@@ -496,6 +502,15 @@ def pyproject_extras() -> set[str]:
     return set(data["project"]["optional-dependencies"])
 
 
+def dev_requirements() -> set[str]:
+    """The names of the distributions the dev extra requires."""
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    dev = data["project"]["optional-dependencies"]["dev"]
+    return {re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0] for requirement in dev}
+
+
 def repository_source() -> str:
     """The text of the project's code, for names a sample may mention."""
     parts = []
@@ -627,6 +642,9 @@ def check_shell_command(tokens: list[str], context: ShellContext, units: set[str
     if program in ("pip", "pip3"):
         assert tokens[1] == "install", "only `pip install` samples are known"
         for spec in (t for t in tokens[2:] if not t.startswith("-")):
+            if spec in TEST_TOOLS:
+                assert spec in dev_requirements(), f"{spec} is not in the dev extra"
+                continue
             match = re.fullmatch(r"(?:pikku-django|\.)(?:\[(?P<extras>[\w,-]+)\])?", spec)
             assert match, f"{spec!r}: the docs install only pikku-django (or this checkout)"
             extras = set((match["extras"] or "").split(",")) - {""}
@@ -712,6 +730,24 @@ def check_ini_block(block: Block) -> None:
     if stop is not None and drain is not None:
         assert float(stop) > drain, "TimeoutStopSec must exceed --shutdown-timeout"
     assert unit.get("Service", "KillSignal", fallback="SIGTERM") in ("SIGTERM", "SIGINT")
+
+
+# -- toml ---------------------------------------------------------------------------
+
+#: The pytest and pytest-django options a ``pyproject.toml`` sample may set.
+PYTEST_OPTIONS = {"DJANGO_SETTINGS_MODULE", "addopts", "python_files", "testpaths"}
+
+
+def check_toml_block(block: Block) -> None:
+    import tomllib
+
+    assert block.path == "pyproject.toml", "name the file (# pyproject.toml) on the first line"
+    options = tomllib.loads(block.code).get("tool", {}).get("pytest", {}).get("ini_options")
+    assert isinstance(options, dict), "a toml sample sets [tool.pytest.ini_options]"
+    assert set(options) <= PYTEST_OPTIONS, f"unknown options {set(options) - PYTEST_OPTIONS}"
+    module = options.get("DJANGO_SETTINGS_MODULE")
+    assert isinstance(module, str), "pytest-django needs DJANGO_SETTINGS_MODULE"
+    assert re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", module), f"{module!r} is no module"
 
 
 # -- text ---------------------------------------------------------------------------

@@ -97,16 +97,27 @@ def manage(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["pikku_worker", "--until-idle"],
-        ["pikku_sources", "list"],
-        ["pikku_credentials", "list"],
-        ["pikku_prune", "--older-than", "30d"],
-    ],
-    ids=lambda c: c[0],
-)
+#: A way to start each management command, more than one where a subcommand reads
+#: the tables on another path.
+COMMANDS_BEFORE_MIGRATE = [
+    ["pikku_worker", "--until-idle"],
+    ["pikku_sources", "list"],
+    ["pikku_credentials", "list"],
+    ["pikku_prune", "--older-than", "30d"],
+    ["pikku_runs", "list"],
+    ["pikku_runs", "show", "0123456789abcdef"],
+    ["pikku_schedules", "list"],
+    ["pikku_schedules", "trigger", "nightly"],
+]
+
+
+def test_every_management_command_is_started_before_migrate_below() -> None:
+    folder = ROOT / "pikku_django" / "management" / "commands"
+    commands = {path.stem for path in folder.glob("pikku_*.py")}
+    assert commands == {command[0] for command in COMMANDS_BEFORE_MIGRATE}
+
+
+@pytest.mark.parametrize("command", COMMANDS_BEFORE_MIGRATE, ids=" ".join)
 def test_a_command_before_migrate_says_to_migrate_in_one_line(
     fresh_project: Path, command: list[str]
 ) -> None:

@@ -16,6 +16,7 @@ from django.utils import timezone
 from pikku_django.checks import (
     check_database_state,
     check_migrations_applied,
+    check_settings,
     check_urls_included,
     check_workflow_database,
     check_workflow_settings,
@@ -57,7 +58,7 @@ def ids(messages: list[checks.CheckMessage]) -> list[str]:
 )
 def test_workflow_settings_check(settings: Any, pikku: dict, expected: list[str]) -> None:
     settings.PIKKU = pikku
-    assert ids(check_workflow_settings()) == expected
+    assert ids(check_settings() + check_workflow_settings()) == expected
 
 
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")

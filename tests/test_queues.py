@@ -15,7 +15,7 @@ from django.core import checks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pikku_django.checks import check_queue_settings
+from pikku_django.checks import check_queue_settings, check_settings
 from pikku_django.dbclock import EpochMs
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import StepAttempt, StepStatus, WorkflowRun, WorkflowStep
@@ -198,7 +198,7 @@ def test_the_queue_settings_check(
     settings: Any, pikku: dict[str, Any], expected: list[str]
 ) -> None:
     settings.PIKKU = pikku
-    assert _ids(check_queue_settings()) == expected
+    assert _ids(check_settings() + check_queue_settings()) == expected
 
 
 def test_the_deprecation_hint_spells_out_the_new_setting(settings: Any) -> None:

@@ -18,6 +18,7 @@ One test per fenced block, named after its page, language and line:
   pikku-django, a URL of the app, or one of the few system tools listed in
   ``readme_support.EXTERNAL_TOOLS``.
 * ``ini`` blocks are parsed as systemd units, and their ``ExecStart`` checked as above.
+* ``toml`` blocks are a ``pyproject.toml``'s pytest section, naming a settings module.
 * ``text`` blocks are output or a directory tree: not run (there is nothing to run),
   but they may not hide a command, and the tree under "Layout" must exist.
 
@@ -49,6 +50,7 @@ DOCS = support.DOCS
 PYTHON = [b for b in BLOCKS if b.language == "python"]
 SHELL = [b for b in BLOCKS if b.language == "sh"]
 INI = [b for b in BLOCKS if b.language == "ini"]
+TOML = [b for b in BLOCKS if b.language == "toml"]
 TEXT = [b for b in BLOCKS if b.language == "text"]
 
 
@@ -156,6 +158,11 @@ def test_shell_sample_names_real_commands(block: support.Block) -> None:
 @pytest.mark.parametrize("block", INI, ids=ids(INI))
 def test_systemd_unit_parses_and_runs_a_real_command(block: support.Block) -> None:
     support.check_ini_block(block)
+
+
+@pytest.mark.parametrize("block", TOML, ids=ids(TOML))
+def test_pyproject_sample_sets_up_pytest_django(block: support.Block) -> None:
+    support.check_toml_block(block)
 
 
 @pytest.mark.parametrize("block", TEXT, ids=ids(TEXT))
@@ -328,6 +335,18 @@ def test_every_docs_page_is_in_the_site_navigation() -> None:
         f"pages not in mkdocs.yml's nav: {sorted(pages - listed)}; "
         f"nav entries with no page: {sorted(listed - pages)}"
     )
+
+
+def test_the_readme_test_sample_says_what_pytest_needs() -> None:
+    """The README's pytest sample links to the section saying what runs it: pytest,
+    pytest-django and the DJANGO_SETTINGS_MODULE it needs."""
+    setup = support.section("Setting up pytest", page("guides/testing.md"))
+    assert "pip install pytest pytest-django" in setup
+    assert [b.source for b in TOML] == [DOCS / "guides" / "testing.md"]
+    assert "DJANGO_SETTINGS_MODULE" in TOML[0].code
+    text = support.readme_text()
+    assert "@pytest.mark.django_db" in text
+    assert '"Setting up pytest" in `docs/guides/testing.md`' in text
 
 
 def test_readme_is_short_and_starts_with_the_two_commands() -> None:

@@ -14,6 +14,7 @@ import pytest
 from django.core import checks
 from django.db import connections, transaction
 
+from pikku_django.checks import check_settings
 from pikku_django.models import Schedule, WorkflowRun
 from pikku_django.schedules import (
     ScheduleError,
@@ -362,7 +363,7 @@ def test_the_check_runs_through_django(settings: Any) -> None:
 )
 def test_bad_schedule_settings_are_reported(settings: Any, key: str, value: Any) -> None:
     settings.PIKKU = {key: value}
-    messages = check_schedules()
+    messages = check_settings() + check_schedules()
     assert any(m.id == "pikku_django.E302" and key in m.msg for m in messages), messages
 
 

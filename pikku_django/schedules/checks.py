@@ -18,6 +18,8 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     """Every declared schedule must have a valid cron expression, time zone and options."""
     if not isinstance(getattr(settings, "PIKKU", None) or {}, dict):
         return []  # pikku_django.E001 reports it
+    if not pikku_settings.well_typed("SCHEDULES"):
+        return _check_settings()  # check_settings reports it
     errors: list[checks.CheckMessage] = [
         checks.Error(
             str(exc),
@@ -36,19 +38,17 @@ def _check_settings() -> list[checks.CheckMessage]:
     def error(message: str) -> None:
         errors.append(checks.Error(message, id="pikku_django.E302"))
 
-    if pikku_settings.SCHEDULE_TIMEZONE is not None:
+    # The type and range of every SCHEDULE_* key is reported by pikku_django.checks
+    # (check_settings); here, what a value of the right type means.
+    zone = pikku_settings.SCHEDULE_TIMEZONE
+    if zone is not None and pikku_settings.well_typed("SCHEDULE_TIMEZONE"):
         try:
-            parse_timezone(pikku_settings.SCHEDULE_TIMEZONE)
+            parse_timezone(zone)
         except ScheduleError as exc:
             error(f"PIKKU['SCHEDULE_TIMEZONE']: {exc}")
-    try:
-        parse_missed(pikku_settings.SCHEDULE_MISSED, "PIKKU['SCHEDULE_MISSED']")
-    except ScheduleError as exc:
-        error(str(exc))
-    limit = pikku_settings.SCHEDULE_CATCHUP_LIMIT
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
-        error(f"PIKKU['SCHEDULE_CATCHUP_LIMIT'] must be an int from 1 to 10000, not {limit!r}")
-    grace = pikku_settings.SCHEDULE_GRACE
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
-        error(f"PIKKU['SCHEDULE_GRACE'] must be a number of seconds, 0 or more, not {grace!r}")
+    if pikku_settings.well_typed("SCHEDULE_MISSED"):
+        try:
+            parse_missed(pikku_settings.SCHEDULE_MISSED, "PIKKU['SCHEDULE_MISSED']")
+        except ScheduleError as exc:
+            error(str(exc))
     return errors

@@ -18,7 +18,15 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.core.handlers.asgi import ASGIRequest
 from django.db import close_old_connections
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponsePermanentRedirect,
+    JsonResponse,
+    StreamingHttpResponse,
+)
+from django.utils.encoding import escape_uri_path
 from django.utils.module_loading import import_string
 from django.views.decorators.http import require_GET
 
@@ -162,3 +170,25 @@ def run_stream(request: HttpRequest, run_id: uuid.UUID) -> StreamingHttpResponse
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+def run_url_fallback(request: HttpRequest, value: str, view: str) -> HttpResponse:
+    """A run's status or stream URL the run views do not match: 404 ``not a run id``
+    for an id that is not a UUID; for one written another way (capitals, no dashes, a
+    trailing slash) a GET is redirected to the run's URL and another method told it."""
+    try:
+        run_id = uuid.UUID(value)
+    except ValueError:
+        shown = value if len(value) <= 100 else f"{value[:100]}..."
+        return JsonResponse(
+            {"error": f"{shown!r} is not a run id (a UUID such as {uuid.UUID(int=0)})"},
+            status=404,
+        )
+    prefix = request.path[: request.path.rindex(f"runs/{value}/{view}")]
+    url = escape_uri_path(f"{prefix}runs/{run_id}/{view}")
+    if request.method in ("GET", "HEAD"):
+        return HttpResponsePermanentRedirect(url)
+    return JsonResponse(
+        {"error": f"this is not the run's URL: it is {request.build_absolute_uri(url)}"},
+        status=404,
+    )

@@ -30,6 +30,7 @@ from pikku_django.webhooks.bodies import BodyLimitError, note_unbounded_asgi
 from pikku_django.webhooks.credentials import UndecryptableCredentialError
 from pikku_django.webhooks.dispatch import new_events, store_new_event
 from pikku_django.webhooks.identifiers import UnusableIdentifierError
+from pikku_django.webhooks.routes import unmatched
 from pikku_django.webhooks.sources import (
     ReceiveContext,
     Received,
@@ -103,7 +104,7 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
     note_unbounded_asgi(request)
     source = source_for_route(route)
     if source is None:
-        return _error(404, "no such webhook source")
+        return unmatched(request, route)
     using = router.db_for_write(TriggerSource)  # never a replica: the switch must be current
     try:
         state = RequestState(

@@ -23,6 +23,7 @@ from pikku_django.admin.queries import RunFilters, describe, run_duration, with_
 from pikku_django.admin.steering import OPERATIONS, Operation
 from pikku_django.management.output import format_table, shown
 from pikku_django.models import RunStatus, StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.schema import require_migrated
 from pikku_django.workflows.errors import WorkflowError
 
 logger = logging.getLogger(__name__)
@@ -181,6 +182,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = workflow_database()
+        require_migrated(using)
         subcommand = options["subcommand"]
         if subcommand == "list":
             self.list_runs(using, options)

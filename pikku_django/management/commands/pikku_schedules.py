@@ -19,6 +19,7 @@ from pikku_django.schedules import (
     trigger_schedule,
 )
 from pikku_django.schedules.store import cron_of, schedules
+from pikku_django.schema import require_migrated
 from pikku_django.workflows.errors import WorkflowNotFoundError
 
 EMPTY = "-"
@@ -117,6 +118,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_migrated()
         subcommand = options["subcommand"]
         try:
             if subcommand == "list":
