@@ -31,8 +31,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-#: Set in the scope of a request whose body the wrapper bounds (the limit, in bytes).
 SCOPE_KEY = ASGI_SCOPE_KEY
+"""Set in the scope of a request whose body the wrapper bounds (the limit, in bytes)."""
 
 _TOO_LARGE = json.dumps({"error": "request body too large"}).encode()
 
