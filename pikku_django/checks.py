@@ -227,6 +227,14 @@ def check_workflow_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                 id="pikku_django.E018",
             )
         )
+    from pikku_django.webhooks.digests import digest_retention
+
+    try:
+        digest_retention()
+    except ValueError as exc:
+        messages.append(
+            checks.Error(str(exc), hint="Use e.g. '365d', or None.", id="pikku_django.E020")
+        )
     return messages
 
 

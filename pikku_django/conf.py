@@ -115,6 +115,12 @@ DEFAULTS: dict[str, Any] = {
     # notifications do not reach the web server's connections (a pooler in
     # transaction mode).
     "WEBHOOK_STATE_CACHE": True,
+    # How long pikku_prune keeps the digest of each signed request accepted from a
+    # source whose scheme signs no timestamp checked against a replay window (GitHub,
+    # Shopify, SendGrid without one), so that a replay of it is refused even after its
+    # receipts are pruned: seconds, a timedelta or text like "365d"; None keeps them
+    # for ever.
+    "WEBHOOK_DIGEST_RETENTION": "365d",
     # Cron schedules besides @workflow(schedule=...), by name: {"nightly-report":
     # {"workflow": "send_report", "cron": "0 3 * * *", "timezone": "Europe/Helsinki",
     # "input": {...}, "missed": "latest", "enabled": True}}. Only workflow and cron

@@ -27,6 +27,7 @@ from pikku_django.conf import pikku_settings
 from pikku_django.models import TriggerSource
 from pikku_django.webhooks._send_events import NoRunForEventError
 from pikku_django.webhooks.bodies import BodyLimitError
+from pikku_django.webhooks.digests import accepted_once
 from pikku_django.webhooks.dispatch import new_events, store_new_event
 from pikku_django.webhooks.sources import (
     ReceiveContext,
@@ -132,7 +133,8 @@ def _answer(request: HttpRequest, source: WebhookSource, state: RequestState) ->
         delivery_id=verified.delivery_id if verified else None,
     )
     received = _receive(source, request, ctx)
-    accepted = _store(source, request, ctx, received.events, state)
+    digest = verified.replay_digest if verified is not None else None
+    accepted = _store(source, request, ctx, received.events, state, digest=digest)
     return received.response if received.response is not None else _received(accepted)
 
 
@@ -259,17 +261,56 @@ def _store(
     ctx: ReceiveContext,
     events: Any,
     state: RequestState,
+    *,
+    digest: str | None = None,
 ) -> int:
     """Store each valid event with its receipt; how many were new.
 
-    Each store is gated on a kept state; should the source change meanwhile, it is
-    read again (404 when now off) and the request verified again before storing on.
+    With ``digest`` (a scheme whose replays only the signed bytes tell apart), the
+    events are stored in one transaction with it, and none when the source accepted
+    those bytes before: a replay is answered as a redelivery.
     """
     valid, unreadable = _valid_events(source, events)
     rows: list[NewEvent] = (
         new_events(source, valid, delivery_id=ctx.delivery_id, body=ctx.body) if valid else []
     )
+    claim = digest if rows else None
+    changes = 0
+    while True:
+        try:
+            with accepted_once(source.name, claim) as new:
+                accepted, refused = (
+                    _store_rows(source, request, ctx, rows, state, atomic=claim is not None)
+                    if new
+                    else (0, False)
+                )
+            break
+        except SourceChanged:  # out of the transaction, which took back what it stored
+            changes += 1
+            _source_changed(source, request, ctx, state, changes)
+    unreadable = unreadable or refused
+    if unreadable:
+        raise _unreadable(unreadable if isinstance(unreadable, BaseException) else None)
+    return accepted
+
+
+def _store_rows(
+    source: WebhookSource,
+    request: HttpRequest,
+    ctx: ReceiveContext,
+    rows: list[NewEvent],
+    state: RequestState,
+    *,
+    atomic: bool = False,
+) -> tuple[int, bool]:
+    """Store each row: how many were new, and whether the database refused unchecked
+    data. Each store is gated on a kept state; should the source change meanwhile, it
+    is read again (404 when now off) and the request verified again before storing on
+    (``atomic``: rows stored in one transaction leave it first, with ``SourceChanged``,
+    so the state is read outside it and the rows stored again).
+    """
     accepted = 0
+    refused = False
     changes = 0
     index = 0
     while index < len(rows):
@@ -279,18 +320,18 @@ def _store(
             logger.warning("%s; answered 409, nothing stored", exc)
             raise Answered(_error(409, "no run waits for this event; send it again later")) from exc
         except SourceChanged:
+            if atomic:
+                raise
             changes += 1
             _source_changed(source, request, ctx, state, changes)
             continue
         if outcome == "refused":  # a refused statement checked nothing
-            unreadable = unreadable or (not rows[index].data_checked)
+            refused = refused or (not rows[index].data_checked)
         else:
             state.confirmed()
         accepted += outcome == "stored"
         index += 1
-    if unreadable:
-        raise _unreadable(unreadable if isinstance(unreadable, BaseException) else None)
-    return accepted
+    return accepted, refused
 
 
 def _source_changed(
