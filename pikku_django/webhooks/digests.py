@@ -39,8 +39,9 @@ def _claim_sql(connection: Any) -> str:
     if found is None:
         quote = connection.ops.quote_name
         meta = WebhookDigest._meta
+        columns = {field.attname: field.column for field in meta.concrete_fields}
         source, digest, received = (
-            quote(str(meta.get_field(name).column)) for name in ("source", "digest", "received_at")
+            quote(str(columns[name])) for name in ("source", "digest", "received_at")
         )
         into = f"INTO {quote(meta.db_table)} ({source}, {digest}, {received}) VALUES (%s, %s, %s)"
         if connection.vendor == "mysql":
