@@ -8,6 +8,8 @@ outlives the receipts pikku_prune deletes. Schemes with a window keep to it.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -37,6 +39,7 @@ from pikku_django.webhooks import (
     start_workflow_on,
 )
 from pikku_django.webhooks.digests import accepted_once
+from pikku_django.webhooks.dispatch import new_events, store_new_event
 from pikku_django.webhooks.lifecycle import sync
 from pikku_django.webhooks.presets import (
     Discord,
@@ -52,6 +55,7 @@ from pikku_django.workflows import get_engine, start_waiting_runs, workflow
 from pikku_django.workflows.api import reset_engine
 from tests import webhook_defs
 from tests.conftest import database_alias, on_databases
+from tests.test_webhook_store import at_once
 
 VENDORS = ("sqlite", "postgres", "mariadb")
 GITHUB = GitHubSigner("It's a Secret to Everybody", event="push")
@@ -85,6 +89,24 @@ register_source(
         events={"orders/create": None},
     )
 )
+
+
+def receive_batch(request: Any, ctx: Any) -> Any:
+    """Two events from one body, their ids from the (unsigned) delivery id."""
+    return [
+        WebhookEvent("orders/create", id=f"{ctx.delivery_id}-{n}", data=item)
+        for n, item in enumerate(ctx.json())
+    ]
+
+
+register_source(
+    WebhookSource(
+        name="wh-replay-batch",
+        verify=Shopify(),
+        receive=receive_batch,
+        events={"orders/create": None},
+    )
+)
 register_source(
     WebhookSource(
         name="wh-replay-stripe",
@@ -95,6 +117,7 @@ register_source(
 )
 start_workflow_on("wh-replay-shopify:orders/create", note)
 start_workflow_on("wh-replay-stripe:invoice.paid", note)
+start_workflow_on("wh-replay-batch:orders/create", note)
 assert webhook_defs.github.name == "wh-github"  # the GitHub source these tests post to
 
 
@@ -112,10 +135,11 @@ def on(vendor: str, settings: Any, **pikku: Any) -> str:
     reset_engine()
     sync()
     TriggerSource.objects.filter(
-        name__in=["wh-github", "wh-replay-shopify", "wh-replay-stripe"]
+        name__in=["wh-github", "wh-replay-shopify", "wh-replay-stripe", "wh-replay-batch"]
     ).update(enabled=True)
     set_credential(credential_name("wh-github"), GITHUB.secret)
     set_credential(credential_name("wh-replay-shopify"), SHOPIFY.secret)
+    set_credential(credential_name("wh-replay-batch"), SHOPIFY.secret)
     set_credential(credential_name("wh-replay-stripe"), STRIPE.secret)
     return alias
 
@@ -187,6 +211,42 @@ def test_a_replayed_shopify_order_with_fresh_webhook_ids_starts_one_run(
     assert answers == [{"received": 1}, {"received": 0}, {"received": 0}, {"received": 0}]
     assert start_waiting_runs(get_engine()) == 1
     assert WorkflowRun.objects.using(alias).get().input["id"] == "wh-0"
+
+
+@on_databases(*VENDORS)
+def test_a_replayed_body_of_several_events_stores_none_of_them_again(
+    vendor: str, settings: Any, client: Client
+) -> None:
+    alias = on(vendor, settings)
+    orders = json.dumps([{"id": 1}, {"id": 2}]).encode()
+    url = "/pikku/webhooks/wh-replay-batch/"
+    assert SHOPIFY.post(client, url, orders, delivery_id="b-1").json() == {"received": 2}
+    assert SHOPIFY.post(client, url, orders, delivery_id="b-2").json() == {"received": 0}
+    assert SHOPIFY.post(client, url, orders, delivery_id="b-1").json() == {"received": 0}
+    ids = WebhookReceipt.objects.using(alias).values_list("provider_id", flat=True)
+    assert sorted(ids) == ["b-1-0", "b-1-1"]
+    assert WebhookDigest.objects.using(alias).get().source == "wh-replay-batch"
+
+
+@on_databases(*VENDORS)
+def test_replays_stored_at_once_store_one_event(vendor: str, settings: Any) -> None:
+    alias = on(vendor, settings)
+    digest = hashlib.sha256(PUSH).hexdigest()
+
+    def replay(delivery: str) -> str:
+        [event] = new_events(
+            webhook_defs.github,
+            [WebhookEvent("push", data={"ref": "main"})],
+            delivery_id=delivery,
+            body=PUSH,
+        )
+        return store_new_event(event, digest=digest)
+
+    count = itertools.count()
+    results = at_once(alias, 4, lambda: replay(f"race-{next(count)}"))
+    assert sorted(results) == ["redelivery", "redelivery", "redelivery", "stored"]
+    assert WebhookReceipt.objects.using(alias).count() == 1
+    assert WebhookDigest.objects.using(alias).count() == 1
 
 
 @on_databases(*VENDORS)

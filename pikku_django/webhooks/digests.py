@@ -4,11 +4,12 @@ A scheme that signs no timestamp checked against a replay window (GitHub, Shopif
 SendGrid without one; see :attr:`~pikku_django.webhooks.verify.Verifier.replay_guard`)
 gives nothing that tells a replay from a new delivery but the signed bytes: a
 delivery id it sends beside them can be changed at will. The view stores such a
-request's events in one transaction with its digest
-(:class:`~pikku_django.models.WebhookDigest`), so the digest is recorded exactly when
-its events are: a request that stored nothing (refused, or the database went away)
-can be sent again, and a replay of one that stored its events finds the digest and
-stores nothing. Digests outlive the receipts ``pikku_prune`` deletes, for
+request's events together with the claim of its digest for the source
+(:class:`~pikku_django.models.WebhookDigest`): on PostgreSQL a request's only event in
+the same statement (:func:`~pikku_django.webhooks.sql.store_event`), otherwise in one
+transaction (:func:`accepted_once`). So the digest is recorded exactly when its events
+are: a request that stored nothing (refused, or the database went away) can be sent
+again, and a replay of one that stored its events finds the digest and stores nothing. Digests outlive the receipts ``pikku_prune`` deletes, for
 ``PIKKU["WEBHOOK_DIGEST_RETENTION"]``.
 """
 

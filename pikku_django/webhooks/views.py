@@ -267,31 +267,44 @@ def _store(
     """Store each valid event with its receipt; how many were new.
 
     With ``digest`` (a scheme whose replays only the signed bytes tell apart), the
-    events are stored in one transaction with it, and none when the source accepted
-    those bytes before: a replay is answered as a redelivery.
+    events are stored together with its claim for the source, and none when the
+    source accepted those bytes before: a replay is answered as a redelivery. One
+    event claims it in its own store; several, in one transaction.
     """
     valid, unreadable = _valid_events(source, events)
     rows: list[NewEvent] = (
         new_events(source, valid, delivery_id=ctx.delivery_id, body=ctx.body) if valid else []
     )
-    claim = digest if rows else None
-    changes = 0
-    while True:
-        try:
-            with accepted_once(source.name, claim) as new:
-                accepted, refused = (
-                    _store_rows(source, request, ctx, rows, state, atomic=claim is not None)
-                    if new
-                    else (0, False)
-                )
-            break
-        except SourceChanged:  # out of the transaction, which took back what it stored
-            changes += 1
-            _source_changed(source, request, ctx, state, changes)
+    if len(rows) < 2:
+        accepted, refused = _store_rows(source, request, ctx, rows, state, digest=digest)
+    else:
+        accepted, refused = _store_together(source, request, ctx, rows, state, digest)
     unreadable = unreadable or refused
     if unreadable:
         raise _unreadable(unreadable if isinstance(unreadable, BaseException) else None)
     return accepted
+
+
+def _store_together(
+    source: WebhookSource,
+    request: HttpRequest,
+    ctx: ReceiveContext,
+    rows: list[NewEvent],
+    state: RequestState,
+    digest: str | None,
+) -> tuple[int, bool]:
+    """:func:`_store_rows` in one transaction with the claim of ``digest`` (when
+    given); should the source change, outside it, and then all the rows again."""
+    changes = 0
+    while True:
+        try:
+            with accepted_once(source.name, digest) as new:
+                if not new:
+                    return 0, False
+                return _store_rows(source, request, ctx, rows, state, atomic=digest is not None)
+        except SourceChanged:  # out of the transaction, which took back what it stored
+            changes += 1
+            _source_changed(source, request, ctx, state, changes)
 
 
 def _store_rows(
@@ -302,12 +315,14 @@ def _store_rows(
     state: RequestState,
     *,
     atomic: bool = False,
+    digest: str | None = None,
 ) -> tuple[int, bool]:
     """Store each row: how many were new, and whether the database refused unchecked
     data. Each store is gated on a kept state; should the source change meanwhile, it
     is read again (404 when now off) and the request verified again before storing on
     (``atomic``: rows stored in one transaction leave it first, with ``SourceChanged``,
-    so the state is read outside it and the rows stored again).
+    so the state is read outside it and the rows stored again). ``digest`` is claimed
+    by the store of a request's only row.
     """
     accepted = 0
     refused = False
@@ -315,7 +330,7 @@ def _store_rows(
     index = 0
     while index < len(rows):
         try:
-            outcome = store_new_event(rows[index], gate=state.gate)
+            outcome = store_new_event(rows[index], gate=state.gate, digest=digest)
         except NoRunForEventError as exc:
             logger.warning("%s; answered 409, nothing stored", exc)
             raise Answered(_error(409, "no run waits for this event; send it again later")) from exc
