@@ -9,7 +9,8 @@ request's events together with the claim of its digest for the source
 the same statement (:func:`~pikku_django.webhooks.sql.store_event`), otherwise in one
 transaction (:func:`accepted_once`). So the digest is recorded exactly when its events
 are: a request that stored nothing (refused, or the database went away) can be sent
-again, and a replay of one that stored its events finds the digest and stores nothing. Digests outlive the receipts ``pikku_prune`` deletes, for
+again, and a replay of one that stored its events finds the digest and stores
+nothing. Digests outlive the receipts ``pikku_prune`` deletes, for
 ``PIKKU["WEBHOOK_DIGEST_RETENTION"]``.
 """
 
