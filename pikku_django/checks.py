@@ -210,6 +210,15 @@ def check_workflow_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                         id="pikku_django.E014",
                     )
                 )
+    from pikku_django.webhooks.digests import digest_retention
+
+    if pikku_settings.well_typed("WEBHOOK_DIGEST_RETENTION"):  # else check_settings does
+        try:
+            digest_retention()
+        except ValueError as exc:
+            messages.append(
+                checks.Error(str(exc), hint="Use e.g. '365d', or None.", id="pikku_django.E020")
+            )
     return messages
 
 

@@ -118,6 +118,12 @@ DEFAULTS: dict[str, Any] = {
     # notifications do not reach the web server's connections (a pooler in
     # transaction mode).
     "WEBHOOK_STATE_CACHE": True,
+    # How long pikku_prune keeps the digest of each signed request accepted from a
+    # source whose scheme signs no timestamp checked against a replay window (GitHub,
+    # Shopify, SendGrid without one), so that a replay of it is refused even after its
+    # receipts are pruned: seconds, a timedelta or text like "365d"; None keeps them
+    # for ever.
+    "WEBHOOK_DIGEST_RETENTION": "365d",
     # Cron schedules besides @workflow(schedule=...), by name: {"nightly-report":
     # {"workflow": "send_report", "cron": "0 3 * * *", "timezone": "Europe/Helsinki",
     # "input": {...}, "missed": "latest", "enabled": True}}. Only workflow and cron
@@ -264,6 +270,12 @@ RULES: dict[str, Rule] = {
         "a number of seconds, 0 or more",
         minimum=0,
         check_id="pikku_django.E302",
+    ),
+    "WEBHOOK_DIGEST_RETENTION": Rule(
+        (int, float, str, timedelta),
+        "seconds, a timedelta or text like '365d', or None",
+        allows_none=True,
+        check_id="pikku_django.E020",
     ),
 }
 

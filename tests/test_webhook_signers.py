@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
@@ -21,7 +22,10 @@ CASES = {
     "shopify": (presets.Shopify, lambda: signers.ShopifySigner(topic="orders/create")),
     "standard-hmac": (presets.StandardWebhooks, lambda: signers.StandardWebhooksSigner()),
     "standard-svix": (presets.StandardWebhooks, lambda: signers.StandardWebhooksSigner(svix=True)),
-    "standard-ed25519": (presets.StandardWebhooks, signers.StandardWebhooksSigner.ed25519),
+    "standard-ed25519": (
+        functools.partial(presets.StandardWebhooks, key_type="asymmetric"),
+        signers.StandardWebhooksSigner.ed25519,
+    ),
     "discord": (presets.Discord, lambda: signers.DiscordSigner()),
     "sendgrid": (presets.SendGrid, lambda: signers.SendGridSigner()),
 }

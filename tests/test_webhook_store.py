@@ -383,10 +383,10 @@ def test_postgres_worker_notify_off_sends_no_notification(
     alias = workflow_database(vendor, settings, WORKER_NOTIFY=False)
     conn = listener(alias)
     try:
-        assert post(client, b'{"ref": "main"}', delivery="quiet").json() == {"received": 1}
+        assert post(client, b'{"ref": "quiet"}', delivery="quiet").json() == {"received": 1}
         assert heard(conn) == 0
         settings.PIKKU = {"WORKFLOW_DATABASE": alias}
-        assert post(client, b'{"ref": "main"}', delivery="loud").json() == {"received": 1}
+        assert post(client, b'{"ref": "loud"}', delivery="loud").json() == {"received": 1}
         assert heard(conn, timeout=5) == 1
     finally:
         conn.close()

@@ -135,7 +135,11 @@ def check(
 def test_github_published_vector() -> None:
     headers = {"X-Hub-Signature-256": GITHUB_SIGNATURE, "X-GitHub-Delivery": "d-1"}
     result = check(GitHub(), headers, GITHUB_BODY, [GITHUB_SECRET])
-    assert result == VerifiedRequest(delivery_id="d-1", timestamp=None, secret_index=0)
+    # GitHub signs neither its delivery id nor a timestamp: the body is the replay key.
+    digest = hashlib.sha256(GITHUB_BODY).hexdigest()
+    assert result == VerifiedRequest(
+        delivery_id="d-1", timestamp=None, secret_index=0, replay_digest=digest
+    )
 
 
 def test_github_with_django_request_headers() -> None:
@@ -420,9 +424,11 @@ def test_standard_webhooks_v1a_ed25519() -> None:
     signature = base64.b64encode(private.sign(signed)).decode()
     headers = {"webhook-id": "msg_1", "webhook-timestamp": str(NOW), "webhook-signature": ""}
     headers["webhook-signature"] = f"v1a,{signature}"
-    assert check(StandardWebhooks(), headers, BODY, [SW_SECRET, public]).secret_index == 1
+    asymmetric = StandardWebhooks(key_type="asymmetric")
+    other = "whpk_" + base64.b64encode(b"\x07" * 32).decode()
+    assert check(asymmetric, headers, BODY, [other, public]).secret_index == 1
     with pytest.raises(SignatureMismatchError):
-        check(StandardWebhooks(), headers, BODY + b"x", [public])
+        check(asymmetric, headers, BODY + b"x", [public])
     with pytest.raises(SignatureMismatchError):  # an HMAC secret does not check v1a
         check(StandardWebhooks(), headers, BODY, [SW_SECRET])
 
@@ -777,9 +783,12 @@ def test_public_key_from_certificate_and_type_checks(rsa_key: rsa.RSAPrivateKey)
 
 def test_standard_webhooks_unusable_secrets() -> None:
     verifier = StandardWebhooks()
-    for secret in ("whsec_", "whsec_***", "whpk_" + base64.b64encode(b"short").decode()):
-        with pytest.raises(ValueError, match=r"empty|base64|32 bytes"):
+    for secret in ("whsec_", "whsec_***"):
+        with pytest.raises(ValueError, match=r"empty|base64"):
             verifier.validate_secret(secret)
+    short = "whpk_" + base64.b64encode(b"short").decode()
+    with pytest.raises(ValueError, match="32 bytes"):
+        StandardWebhooks(key_type="asymmetric").validate_secret(short)
 
 
 def test_function_sees_a_read_only_case_insensitive_mapping() -> None:

@@ -5,7 +5,12 @@ from pikku_django.models.heartbeats import WorkerHeartbeat
 from pikku_django.models.leases import Lease
 from pikku_django.models.limits import QueueClaim
 from pikku_django.models.schedules import MissedTicks, Schedule, ScheduleOrigin
-from pikku_django.models.webhooks import CredentialValue, TriggerSource, WebhookReceipt
+from pikku_django.models.webhooks import (
+    CredentialValue,
+    TriggerSource,
+    WebhookDigest,
+    WebhookReceipt,
+)
 from pikku_django.models.workflows import (
     CLAIMABLE_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -35,6 +40,7 @@ __all__ = [
     "StepKind",
     "StepStatus",
     "TriggerSource",
+    "WebhookDigest",
     "WebhookReceipt",
     "WorkerHeartbeat",
     "WorkflowEvent",

@@ -109,3 +109,29 @@ class WebhookReceipt(models.Model):
     def waiting(self) -> bool:
         """Whether the event's run has yet to be started by a worker."""
         return self.run_id is None and self.input is not None
+
+
+class WebhookDigest(models.Model):
+    """A signed request a source accepted, by the digest of its signed bytes.
+
+    Kept for schemes that sign no timestamp checked against a replay window (GitHub,
+    Shopify, SendGrid without one): the same signed bytes are never accepted twice by
+    a source, whatever unsigned delivery id comes with them. A digest outlives the
+    receipts of its events, for ``PIKKU["WEBHOOK_DIGEST_RETENTION"]``.
+    """
+
+    source = models.CharField(_("source"), max_length=100)
+    digest = models.CharField(_("SHA-256 of the signed bytes"), max_length=64)
+    received_at = models.DateTimeField(_("received"), db_index=True)
+
+    class Meta:
+        db_table = "pikku_webhook_digest"
+        verbose_name = _("webhook digest")
+        verbose_name_plural = _("webhook digests")
+        ordering = ("-received_at",)
+        constraints = (
+            models.UniqueConstraint(fields=("source", "digest"), name="pikku_digest_once"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.source} sha256:{self.digest}"

@@ -12,6 +12,7 @@ from django.db import DataError
 
 from pikku_django.conf import pikku_settings
 from pikku_django.models import WebhookReceipt
+from pikku_django.webhooks.digests import accepted_once
 from pikku_django.webhooks.identifiers import check_identifier
 from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, event_json, handler_for
 from pikku_django.webhooks.sql import RECEIPTS_WAITING, Gate, NewEvent, idempotency_key, store_event
@@ -102,11 +103,15 @@ def new_events(
 Outcome = Literal["stored", "redelivery", "refused"]
 
 
-def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> Outcome:
+def store_new_event(
+    new: NewEvent, *, gate: Gate | None = None, digest: str | None = None
+) -> Outcome:
     """Store one event with its receipt, for a worker to start its run.
 
     With ``gate``: :class:`~pikku_django.webhooks.sql.SourceChanged`, nothing stored,
-    when the source no longer matches it.
+    when the source no longer matches it. With ``digest`` (the request's only event),
+    the event is stored together with the claim of that digest for its source, and
+    is a redelivery when the source accepted those signed bytes before.
     """
     from pikku_django.workflows.api import get_engine
 
@@ -114,16 +119,23 @@ def store_new_event(new: NewEvent, *, gate: Gate | None = None) -> Outcome:
     # Workers are notified on PostgreSQL; elsewhere they poll.
     notify = bool(pikku_settings.WORKER_NOTIFY) and engine.store.vendor == "postgresql"
     handler = handler_for(new.source, new.event)
+    binding = handler.send if handler is not None else None
+    if digest is not None and (binding is not None or engine.store.vendor != "postgresql"):
+        # The claim and the store in one transaction (one statement on PostgreSQL).
+        with accepted_once(new.source, digest) as fresh:
+            return store_new_event(new, gate=gate) if fresh else "redelivery"
     now = engine.clock.now()
     try:
-        if handler is not None and handler.send is not None:
+        if binding is not None:
             from pikku_django.webhooks._send_events import store_and_send
 
-            stored = store_and_send(engine, new, handler.send, gate=gate, now=now)
+            stored = store_and_send(engine, new, binding, gate=gate, now=now)
         else:
             # A busy process announces one receipt in a window and the rest after it.
             inline = notify and announcer.inline(engine.using, RECEIPTS_WAITING)
-            stored = store_event(engine.using, new, notify=inline, gate=gate, now=now)
+            stored = store_event(
+                engine.using, new, notify=inline, gate=gate, now=now, digest=digest
+            )
             if stored and notify and not inline:
                 announcer.after_commit(engine.using, RECEIPTS_WAITING)
         if stored:

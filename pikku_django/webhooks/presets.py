@@ -2,11 +2,15 @@
 
 Each is a :class:`~pikku_django.webhooks.verify.Verifier`; the secret passed to
 ``verify`` is the one the provider shows (signing secret, app secret or public key).
+What each signs decides how its replays are refused
+(:attr:`~pikku_django.webhooks.verify.Verifier.replay_guard`): GitHub, Shopify and
+SendGrid without a window sign no timestamp checked against one, so each signed body
+is accepted once per source; the others refuse a replay outside their window.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pikku_django.webhooks._public_keys import (
     HAS_CRYPTOGRAPHY,
@@ -39,13 +43,18 @@ __all__ = [
 
 DEFAULT_TOLERANCE = 300
 
+#: The key types a Standard Webhooks source may declare.
+StandardKeyType = Literal["symmetric", "asymmetric"]
+STANDARD_KEY_TYPES: tuple[str, ...] = ("symmetric", "asymmetric")
+
 
 class GitHub(HMAC):
     """GitHub: ``X-Hub-Signature-256: sha256=<hex>`` over the body.
 
     Only lower-case hex after a lower-case ``sha256=`` matches, as GitHub's own
     check compares the text. The delivery id (``X-GitHub-Delivery``) is not
-    covered by the signature.
+    covered by the signature and nothing dates it, so each signed body is accepted
+    once per source.
     """
 
     def __init__(self) -> None:
@@ -65,7 +74,8 @@ class GitHub(HMAC):
 class Shopify(HMAC):
     """Shopify: ``X-Shopify-Hmac-Sha256: <base64>`` over the body, keyed by the app secret.
 
-    The delivery id (``X-Shopify-Webhook-Id``) is not covered by the signature.
+    The delivery id (``X-Shopify-Webhook-Id``) is not covered by the signature and
+    nothing dates it, so each signed body is accepted once per source.
     """
 
     def __init__(self) -> None:
@@ -100,7 +110,8 @@ class SendGrid(PublicKey):
     """SendGrid (Twilio) event webhook: ECDSA P-256 over timestamp + body, base64.
 
     The secret is the verification key SendGrid shows (base64 DER, or PEM).
-    No replay window unless ``tolerance`` is given.
+    No replay window unless ``tolerance`` is given; without one, each signed
+    timestamp and body is accepted once per source.
     """
 
     def __init__(self, tolerance: int | None = None) -> None:
@@ -126,6 +137,7 @@ class Stripe(Verifier[bytes]):
     """
 
     header = "Stripe-Signature"
+    signs_timestamp = True
     formats: ClassVar[dict[str, SignatureFormat]] = {
         "v1": SignatureFormat("hex", 32, lower_hex=True)
     }
@@ -171,6 +183,7 @@ class Slack(Verifier[bytes]):
 
     header = "X-Slack-Signature"
     timestamp_header = "X-Slack-Request-Timestamp"
+    signs_timestamp = True
 
     def __init__(self, tolerance: int | None = DEFAULT_TOLERANCE) -> None:
         self.tolerance = check_tolerance(tolerance)
@@ -199,23 +212,37 @@ class Slack(Verifier[bytes]):
         return hmac_matches(key, signed)
 
 
-class StandardWebhooks(Verifier[tuple[str, Any]]):
+class StandardWebhooks(Verifier[Any]):
     """Standard Webhooks (and Svix): ``{id}.{timestamp}.{body}`` signed as ``v1,<b64>``.
 
     Headers ``webhook-id``/``-timestamp``/``-signature``, or Svix's ``svix-*`` ones.
-    A ``whsec_<base64>`` secret (prefix optional) checks ``v1`` HMAC-SHA256
-    signatures; a ``whpk_<base64>`` public key checks ``v1a`` Ed25519 ones.
-    Entries of other versions and malformed entries are skipped, as the library
-    skips them. The delivery id is ``webhook-id``, which the signature covers.
+    The source declares its key type, never read from the secret's text:
+    ``key_type="symmetric"`` (the default) checks ``v1`` HMAC-SHA256 signatures with
+    a ``whsec_<base64>`` secret (prefix optional); ``key_type="asymmetric"`` checks
+    ``v1a`` Ed25519 ones with a ``whpk_<base64>`` public key (prefix optional). Each
+    refuses the other's values. Entries of other versions and malformed entries are
+    skipped, as the library skips them. The delivery id is ``webhook-id``, which the
+    signature covers.
     """
 
     formats: ClassVar[dict[str, SignatureFormat]] = {
         "v1": SignatureFormat("base64", 32),
         "v1a": SignatureFormat("base64", 64),
     }
+    signs_timestamp = True
 
-    def __init__(self, tolerance: int | None = DEFAULT_TOLERANCE) -> None:
+    def __init__(
+        self,
+        tolerance: int | None = DEFAULT_TOLERANCE,
+        *,
+        key_type: StandardKeyType = "symmetric",
+    ) -> None:
         self.tolerance = check_tolerance(tolerance)
+        if key_type not in STANDARD_KEY_TYPES:
+            raise ValueError(f"key_type must be 'symmetric' or 'asymmetric'; got {key_type!r}")
+        self.key_type = key_type
+        if key_type == "asymmetric" and not HAS_CRYPTOGRAPHY:
+            raise ValueError("StandardWebhooks(key_type='asymmetric') needs 'cryptography'")
 
     def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
         prefix = "webhook-"
@@ -242,34 +269,49 @@ class StandardWebhooks(Verifier[tuple[str, Any]]):
             delivery_id=delivery_id,
         )
 
-    def _load_key(self, secret: str) -> tuple[str, Any]:
+    def _load_key(self, secret: str) -> Any:
         secret = secret.strip()
-        if secret.startswith("whpk_"):
-            if not HAS_CRYPTOGRAPHY:
-                raise ValueError("whpk_ keys need the 'cryptography' package")
-            try:
-                raw = decode_base64(secret[len("whpk_") :])
-            except ValueError:
-                raw = b""
-            if len(raw) != 32:
-                raise ValueError("a whpk_ key must be 32 bytes of base64")
-            return "v1a", load_public_key(raw.hex(), "ed25519")
         if secret.startswith("whsk_"):
             raise ValueError("this is the signing key; set its public key (whpk_...) instead")
+        if self.key_type == "asymmetric":
+            return self._public_key(secret)
+        if secret.startswith("whpk_"):
+            raise ValueError(
+                "this is a public key (whpk_...), and the source declares symmetric "
+                "(whsec_) secrets; declare StandardWebhooks(key_type='asymmetric') to "
+                "check Ed25519 signatures with it"
+            )
         try:
             key = decode_base64(secret.removeprefix("whsec_"))
         except ValueError:
             raise ValueError("the secret is not whsec_ followed by base64") from None
         if not key:
             raise ValueError("the secret is empty")
-        return "v1", key
+        return key
 
-    def _matches(self, signed: SignedMessage, key: tuple[str, Any]) -> bool:
-        scheme, material = key
-        if scheme == "v1":
-            return hmac_matches(material, signed, "sha256", scheme="v1")
+    def _public_key(self, secret: str) -> Any:
+        """The Ed25519 public key of a ``whpk_`` value (the prefix is optional)."""
+        if secret.startswith("whsec_"):
+            raise ValueError(
+                "this is an HMAC secret (whsec_...), and the source declares asymmetric "
+                "(whpk_) public keys; set the sender's Ed25519 public key instead"
+            )
+        try:
+            raw = decode_base64(secret.removeprefix("whpk_"))
+        except ValueError:
+            raw = b""
+        if len(raw) != 32:
+            raise ValueError("a whpk_ public key must be 32 bytes of base64")
+        return load_public_key(raw.hex(), "ed25519")
+
+    def _matches(self, signed: SignedMessage, key: Any) -> bool:
+        if self.key_type == "symmetric":
+            return hmac_matches(key, signed, "sha256", scheme="v1")
         return any(
-            verify_public_key_signature(material, "ed25519", sig, signed.message)
+            verify_public_key_signature(key, "ed25519", sig, signed.message)
             for version, sig in signed.signatures
             if version == "v1a"
         )
+
+    def __repr__(self) -> str:
+        return f"StandardWebhooks(tolerance={self.tolerance!r}, key_type={self.key_type!r})"

@@ -23,7 +23,7 @@ from django.db import DataError, IntegrityError, OperationalError, connections, 
 from django.db.models import Model
 from django.utils import timezone
 
-from pikku_django.models import CredentialValue, TriggerSource, WebhookReceipt
+from pikku_django.models import CredentialValue, TriggerSource, WebhookDigest, WebhookReceipt
 from pikku_django.prepared import fetch_nothing_on, fetch_on
 from pikku_django.workflows.store import CHANNEL
 
@@ -137,8 +137,8 @@ def idempotency_key(source: str, event: str, provider_id: str) -> str:
     return f"webhook:{source}:{event}:{provider_id}"[:255]
 
 
-#: Built statements by (vendor, notify, gate, checked): a handful, made on first use.
-_built: dict[tuple[str, bool, bool, bool], str] = {}
+#: Built statements by (vendor, notify, gate, checked, claim): a handful, made on first use.
+_built: dict[tuple[str, bool, bool, bool, bool], str] = {}
 
 
 def _columns(model: type[Model], names: tuple[str, ...], quote: Callable[[str], str]) -> str:
@@ -146,8 +146,14 @@ def _columns(model: type[Model], names: tuple[str, ...], quote: Callable[[str], 
     return ", ".join(quote(str(fields[name].column)) for name in names)
 
 
-def _postgresql(quote: Callable[[str], str], notify: bool, gate: bool, checked: bool) -> str:
-    """One statement: its row is (the gate opened, a receipt was stored, notified)."""
+def _postgresql(
+    quote: Callable[[str], str], notify: bool, gate: bool, checked: bool, claim: bool = False
+) -> str:
+    """One statement: its row is (the gate opened, a receipt was stored, notified).
+
+    With ``claim``, it first records the request's digest for the source, and stores
+    the receipt only when that digest is new (a concurrent claim of it waits for the
+    other's commit, then stores nothing)."""
     # Unchecked data is parsed by jsonb on its own, then set into the input.
     run_input = "%s::jsonb" if checked else "jsonb_set(%s::jsonb, %s::text[], %s::jsonb)"
     values = f"%s::text, %s::text, %s::text, %s::timestamptz, %s::text, {run_input}"
@@ -174,6 +180,16 @@ def _postgresql(quote: Callable[[str], str], notify: bool, gate: bool, checked: 
         head = "WITH "
         rows = f"VALUES ({values})"
         opened = "1"
+    if claim:
+        digests = quote(WebhookDigest._meta.db_table)
+        claimed = _columns(WebhookDigest, ("source", "digest", "received_at"), quote)
+        key = _columns(WebhookDigest, ("source", "digest"), quote)
+        head += (
+            f"claim AS (INSERT INTO {digests} ({claimed}) "
+            f"SELECT %s::text, %s::text, %s::timestamptz{' FROM gate' if gate else ''} "
+            f"ON CONFLICT ({key}) DO NOTHING RETURNING 1), "
+        )
+        rows = f"SELECT {values} FROM {'gate, ' if gate else ''}claim"
     woken = "NULL"
     if notify:
         woken = f"(SELECT pg_notify('{CHANNEL}', '{RECEIPTS_WAITING}') FROM receipt)"
@@ -201,18 +217,20 @@ def _portable(quote: Callable[[str], str], vendor: str, checked: bool) -> str:
     return f"{insert}SELECT {values}{dual} WHERE JSON_VALID(%s)"
 
 
-def _statement(connection: Any, notify: bool, gate: bool, checked: bool) -> str:
+def _statement(
+    connection: Any, notify: bool, gate: bool, checked: bool, claim: bool = False
+) -> str:
     """The statement for ``connection``'s vendor, built once per vendor and shape
-    (``gate`` only on PostgreSQL; ``checked`` False when the data is still to be
-    checked as JSON)."""
+    (``gate`` and ``claim`` only on PostgreSQL; ``checked`` False when the data is
+    still to be checked as JSON)."""
     vendor = connection.vendor
     postgresql = vendor == "postgresql"
-    key = (vendor, notify, gate and postgresql, checked)
+    key = (vendor, notify, gate and postgresql, checked, claim and postgresql)
     found = _built.get(key)
     if found is None:
         quote = connection.ops.quote_name
         found = _built[key] = (
-            _postgresql(quote, notify, gate, checked)
+            _postgresql(quote, notify, gate, checked, claim)
             if postgresql
             else _portable(quote, vendor, checked)
         )
@@ -226,6 +244,7 @@ def store_event(
     notify: bool,
     gate: Gate | None = None,
     now: datetime | None = None,
+    digest: str | None = None,
 ) -> bool:
     """Store ``new``'s receipt, received at ``now`` (default: ``timezone.now()``), with
     the input of the run a worker is to start for it.
@@ -233,18 +252,25 @@ def store_event(
     False, with nothing stored, when the receipt already exists. ``notify`` wakes idle
     workers when the receipt is committed. With ``gate`` (PostgreSQL),
     :class:`SourceChanged` when the source no longer matches it. ``DataError`` when the
-    data is not JSON the database takes; nothing is stored.
+    data is not JSON the database takes; nothing is stored. With ``digest``
+    (PostgreSQL only), the same statement records that ``new.source`` accepted the
+    signed bytes of that SHA-256 (:class:`~pikku_django.models.WebhookDigest`), and
+    stores nothing (False) when it had before.
     """
     connection = connections[using]
     postgresql = connection.vendor == "postgresql"
+    if digest is not None and not postgresql:
+        raise ValueError("a digest is claimed with the receipt only on PostgreSQL")
     gated = gate is not None and postgresql
     checked = new.data_checked or new.data_json is None
-    sql = _statement(connection, notify, gated, checked)
+    sql = _statement(connection, notify, gated, checked, digest is not None)
     received = _db_datetime(connection, timezone.now() if now is None else now)
     params: list[Any] = []
     if gated:
         assert gate is not None
         params += [gate.source, gate.credential, gate.fingerprint]
+    if digest is not None:
+        params += [new.source, digest, received]
     params += [new.source, new.event, new.provider_id, received, new.workflow]
     try:
         if postgresql:

@@ -7,6 +7,11 @@ A :class:`Verifier` holds how a provider signs its requests (never the secret):
 
 Several secrets mean rotation: the request is accepted when any of them matches.
 No secret means refusal, never acceptance.
+
+How a replay of a signed request is told apart follows from what the scheme signs
+(:attr:`Verifier.replay_guard`): a signed timestamp checked against a window
+refuses it; otherwise the request carries the digest of its signed bytes, which
+the view accepts once per source.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Generic, Literal, TypeVar
 
 from pikku_django.webhooks._public_keys import (
@@ -54,6 +60,7 @@ __all__ = [
     "Function",
     "MalformedSignatureError",
     "PublicKey",
+    "ReplayGuard",
     "SignatureMismatchError",
     "StaleRequestError",
     "Token",
@@ -91,6 +98,18 @@ PUBLIC_KEY_ALGORITHMS: tuple[str, ...] = (
 )
 
 
+class ReplayGuard(Enum):
+    """What refuses a replay of a signed request, by what its scheme signs."""
+
+    #: A signed timestamp, refused outside the replay window (``tolerance``).
+    WINDOW = "window"
+    #: Nothing signed changes between deliveries (no timestamp, or no window): the
+    #: signed bytes are accepted once per source, by their digest.
+    DIGEST = "digest"
+    #: The verifier does not say what it covers (a shared token, a check of your own).
+    NONE = "none"
+
+
 @dataclass(frozen=True, slots=True)
 class VerifiedRequest:
     """What a successful verification learnt about the request."""
@@ -101,6 +120,9 @@ class VerifiedRequest:
     timestamp: int | None = None
     #: Position in ``secrets`` of the secret that matched (rotation bookkeeping).
     secret_index: int = 0
+    #: SHA-256 (hex) of the signed bytes, when the scheme's replays are refused by it
+    #: (:attr:`ReplayGuard.DIGEST`); None otherwise.
+    replay_digest: str | None = None
 
 
 def _choice(name: str, value: str, choices: Sequence[str]) -> str:
@@ -132,6 +154,25 @@ class Verifier(ABC, Generic[K]):
     tolerance: int | None = None
     #: Header carrying the provider's delivery id, if not already signed by the scheme.
     delivery_id_header: str | None = None
+    #: Whether the signature covers a timestamp (checked against ``tolerance``).
+    signs_timestamp: bool = False
+    #: Whether the signature covers the request's body (False: a shared token, or a
+    #: check whose coverage is not known).
+    signs_body: bool = True
+
+    @property
+    def replay_guard(self) -> ReplayGuard:
+        """What refuses a replay of a request this verifier accepted: the one rule.
+
+        A signed timestamp with a window refuses it; a signed body without one is
+        accepted once per source (a delivery id the signature does not cover can be
+        changed at will, and even a signed one is forgotten when receipts are pruned).
+        """
+        if not self.signs_body:
+            return ReplayGuard.NONE
+        if self.signs_timestamp and self.tolerance is not None:
+            return ReplayGuard.WINDOW
+        return ReplayGuard.DIGEST
 
     def verify(
         self,
@@ -158,8 +199,14 @@ class Verifier(ABC, Generic[K]):
             raise SignatureMismatchError("the signature does not match any secret")
         if signed.timestamp is not None:
             check_window(signed.timestamp, time.time() if now is None else now, self.tolerance)
+        digest = None
+        if self.replay_guard is ReplayGuard.DIGEST:
+            digest = hashlib.sha256(signed.message).hexdigest()
         return VerifiedRequest(
-            delivery_id=delivery_id, timestamp=signed.timestamp, secret_index=index
+            delivery_id=delivery_id,
+            timestamp=signed.timestamp,
+            secret_index=index,
+            replay_digest=digest,
         )
 
     def validate_secret(self, secret: str) -> None:
@@ -291,7 +338,12 @@ def hmac_matches(
 
 
 class Token(Verifier[bytes]):
-    """A shared token in one header (optionally after a prefix such as ``Bearer ``)."""
+    """A shared token in one header (optionally after a prefix such as ``Bearer ``).
+
+    The token covers nothing of the request, so replays are not told apart.
+    """
+
+    signs_body = False
 
     def __init__(
         self, header: str, *, prefix: str = "", delivery_id_header: str | None = None
@@ -347,6 +399,11 @@ class PublicKey(Verifier[Any]):
         self.tolerance = check_tolerance(tolerance)
         self.delivery_id_header = delivery_id_header
 
+    @property
+    def signs_timestamp(self) -> bool:  # type: ignore[override]
+        """Whether a timestamp header is signed with the body."""
+        return self.timestamp_header is not None
+
     def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
         what = f"the {self.header} header"
         signature = decode_signature(headers.require(self.header), self.encoding, what)
@@ -381,7 +438,10 @@ class Function(Verifier[str]):
 
     ``request`` has ``headers`` (case-insensitive) and ``body`` (raw bytes), like
     Django's ``HttpRequest``. Only ``True`` accepts; an exception counts as a mismatch.
+    What the check covers is not known, so replays are left to it.
     """
+
+    signs_body = False
 
     def __init__(
         self,

@@ -28,6 +28,7 @@ from pikku_django.models import TriggerSource
 from pikku_django.webhooks._send_events import NoRunForEventError
 from pikku_django.webhooks.bodies import BodyLimitError, note_unbounded_asgi
 from pikku_django.webhooks.credentials import UndecryptableCredentialError
+from pikku_django.webhooks.digests import accepted_once
 from pikku_django.webhooks.dispatch import new_events, store_new_event
 from pikku_django.webhooks.identifiers import UnusableIdentifierError
 from pikku_django.webhooks.routes import unmatched
@@ -138,7 +139,8 @@ def _answer(request: HttpRequest, source: WebhookSource, state: RequestState) ->
         delivery_id=verified.delivery_id if verified else None,
     )
     received = _receive(source, request, ctx)
-    accepted = _store(source, request, ctx, received.events, state)
+    digest = verified.replay_digest if verified is not None else None
+    accepted = _store(source, request, ctx, received.events, state, digest=digest)
     return received.response if received.response is not None else _received(accepted)
 
 
@@ -265,11 +267,15 @@ def _store(
     ctx: ReceiveContext,
     events: Any,
     state: RequestState,
+    *,
+    digest: str | None = None,
 ) -> int:
     """Store each valid event with its receipt; how many were new.
 
-    Each store is gated on a kept state; should the source change meanwhile, it is
-    read again (404 when now off) and the request verified again before storing on.
+    With ``digest`` (a scheme whose replays only the signed bytes tell apart), the
+    events are stored together with its claim for the source, and none when the
+    source accepted those bytes before: a replay is answered as a redelivery. One
+    event claims it in its own store; several, in one transaction.
     """
     valid, unreadable = _valid_events(source, events)
     try:
@@ -278,30 +284,80 @@ def _store(
         )
     except UnusableIdentifierError as exc:
         raise _unusable_id(source, exc) from None
+    if len(rows) < 2:
+        accepted, refused = _store_rows(source, request, ctx, rows, state, digest=digest)
+    else:
+        accepted, refused = _store_together(source, request, ctx, rows, state, digest)
+    unreadable = unreadable or refused
+    if unreadable:
+        raise _unreadable(unreadable if isinstance(unreadable, BaseException) else None)
+    return accepted
+
+
+def _store_together(
+    source: WebhookSource,
+    request: HttpRequest,
+    ctx: ReceiveContext,
+    rows: list[NewEvent],
+    state: RequestState,
+    digest: str | None,
+) -> tuple[int, bool]:
+    """:func:`_store_rows` in one transaction with the claim of ``digest`` (when
+    given); should the source change, outside it, and then all the rows again."""
+    changes = 0
+    while True:
+        try:
+            with accepted_once(source.name, digest) as new:
+                if not new:
+                    return 0, False
+                return _store_rows(source, request, ctx, rows, state, atomic=digest is not None)
+        except SourceChanged:  # out of the transaction, which took back what it stored
+            changes += 1
+            _source_changed(source, request, ctx, state, changes)
+
+
+def _store_rows(
+    source: WebhookSource,
+    request: HttpRequest,
+    ctx: ReceiveContext,
+    rows: list[NewEvent],
+    state: RequestState,
+    *,
+    atomic: bool = False,
+    digest: str | None = None,
+) -> tuple[int, bool]:
+    """Store each row: how many were new, and whether the database refused unchecked
+    data. Each store is gated on a kept state; should the source change meanwhile, it
+    is read again (404 when now off) and the request verified again before storing on
+    (``atomic``: rows stored in one transaction leave it first, with ``SourceChanged``,
+    so the state is read outside it and the rows stored again). ``digest`` is claimed
+    by the store of a request's only row.
+    """
     accepted = 0
+    refused = False
     changes = 0
     index = 0
     while index < len(rows):
         try:
-            outcome = store_new_event(rows[index], gate=state.gate)
+            outcome = store_new_event(rows[index], gate=state.gate, digest=digest)
         except UnusableIdentifierError as exc:
             raise _unusable_id(source, exc) from None
         except NoRunForEventError as exc:
             logger.warning("%s; answered 409, nothing stored", exc)
             raise Answered(_error(409, "no run waits for this event; send it again later")) from exc
         except SourceChanged:
+            if atomic:
+                raise
             changes += 1
             _source_changed(source, request, ctx, state, changes)
             continue
         if outcome == "refused":  # a refused statement checked nothing
-            unreadable = unreadable or (not rows[index].data_checked)
+            refused = refused or (not rows[index].data_checked)
         else:
             state.confirmed()
         accepted += outcome == "stored"
         index += 1
-    if unreadable:
-        raise _unreadable(unreadable if isinstance(unreadable, BaseException) else None)
-    return accepted
+    return accepted, refused
 
 
 def _unusable_id(source: WebhookSource, exc: UnusableIdentifierError) -> Answered:

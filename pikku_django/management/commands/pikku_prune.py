@@ -1,5 +1,5 @@
 """``manage.py pikku_prune --older-than 30d``: delete settled runs, old webhook receipts and
-the heartbeats of workers long gone."""
+the heartbeats of workers long gone; and webhook digests past their own retention."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from django.utils import timezone
 from pikku_django.conf import pikku_settings
 from pikku_django.heartbeats import prune_heartbeats
 from pikku_django.leases import get_lease_service
-from pikku_django.models import WebhookReceipt, WorkerHeartbeat
+from pikku_django.models import WebhookDigest, WebhookReceipt, WorkerHeartbeat
 from pikku_django.schema import require_migrated
+from pikku_django.webhooks.digests import expired_digests
 from pikku_django.workflows._pruning import delete_runs, settled_runs
 from pikku_django.workflows.durations import parse_duration
 from pikku_django.workflows.engine import run_lease_key
@@ -30,7 +31,10 @@ class Command(BaseCommand):
         "attempts and their run leases) last changed longer ago than --older-than, and "
         "webhook receipts received before then, in batches, and the heartbeat rows of "
         "workers not seen since then. Running and suspended runs, and runs a live parent "
-        "still waits on, are kept. Use --dry-run to see the counts first."
+        "still waits on, are kept. The digests of signed webhook requests (which refuse "
+        "replays where the scheme signs no timestamp) are kept apart from receipts, and "
+        "deleted once older than PIKKU['WEBHOOK_DIGEST_RETENTION'] (365d). Use --dry-run "
+        "to see the counts first."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -71,11 +75,16 @@ class Command(BaseCommand):
             .exclude(run__isnull=True, input__isnull=False)
         )
         workers = WorkerHeartbeat.objects.using(using).filter(seen_at__lt=cutoff)
+        try:
+            digests = expired_digests(using, now)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
         if options["dry_run"]:
             self.stdout.write(
                 f"Would delete {runs.count()} settled runs and {receipts.count()} webhook "
                 f"receipts older than {cutoff:%Y-%m-%d %H:%M:%S %Z}.\n"
-                f"Would delete {workers.count()} heartbeats of workers not seen since then."
+                f"Would delete {workers.count()} heartbeats of workers not seen since then.\n"
+                f"Would delete {digests.count()} webhook digests past WEBHOOK_DIGEST_RETENTION."
             )
             return
         leases = get_lease_service()
@@ -102,6 +111,14 @@ class Command(BaseCommand):
         )
         gone = prune_heartbeats(timedelta(seconds=age), using=using, now=now)
         self.stdout.write(f"Deleted {gone} heartbeats of workers not seen since then.")
+        forgotten = self._in_batches(
+            digests,
+            batch,
+            using,
+            "webhook digests",
+            lambda ids: WebhookDigest.objects.using(using).filter(pk__in=ids).delete(),
+        )
+        self.stdout.write(f"Deleted {forgotten} webhook digests past WEBHOOK_DIGEST_RETENTION.")
 
     def _in_batches(
         self,
