@@ -31,7 +31,7 @@ URL = "/pikku/webhooks/wh-github/"
 
 
 def post(client: Client, delivery: str) -> Any:
-    body = json.dumps({"ref": "main"}).encode()
+    body = json.dumps({"ref": "main", "after": delivery}).encode()  # a new push each time
     signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
     return client.post(
         URL,
