@@ -26,8 +26,8 @@ from django.views.decorators.csrf import csrf_exempt
 from pikku_django.conf import pikku_settings
 from pikku_django.models import TriggerSource
 from pikku_django.webhooks._send_events import NoRunForEventError
-from pikku_django.webhooks.bodies import BodyLimitError
-from pikku_django.webhooks.dispatch import new_events, store_new_event
+from pikku_django.webhooks.bodies import BodyError, BodyNotJSONError, not_json_reason
+from pikku_django.webhooks.dispatch import new_events, refusal_reason, store_new_event
 from pikku_django.webhooks.sources import (
     ReceiveContext,
     Received,
@@ -71,9 +71,19 @@ def _received(count: int) -> HttpResponse:
 
 
 def _unreadable(reason: BaseException | None = None) -> Answered:
-    if isinstance(reason, BodyLimitError):
+    if isinstance(reason, BodyError):  # says why: a bound, NaN, plain text, a form...
         return Answered(_error(400, f"the body could not be read: {reason}"))
     return Answered(_error(400, "the body could not be read"))
+
+
+def _why_unreadable(exc: BaseException, body: bytes) -> BaseException:
+    """What ``receive`` raised, or, when it failed to parse the body as JSON itself,
+    why the body is not JSON."""
+    if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+        reason = not_json_reason(body)
+        if reason is not None:
+            return BodyNotJSONError(reason)
+    return exc
 
 
 def _unreachable_errors() -> tuple[type[Exception], ...]:
@@ -200,8 +210,9 @@ def _receive(source: WebhookSource, request: HttpRequest, ctx: ReceiveContext) -
     try:
         value = source.receive(request, ctx)
     except UNREADABLE as exc:
-        logger.info("Webhook %s: receive refused the body: %s", source.name, exc)
-        raise _unreadable(exc) from None
+        reason = _why_unreadable(exc, ctx.body)
+        logger.info("Webhook %s: receive refused the body: %s", source.name, reason)
+        raise _unreadable(reason) from None
     received = _as_received(value)
     if received.events and not ctx.verified:
         raise Answered(_error(401, "events need a signed body"))
@@ -283,13 +294,14 @@ def _store(
             _source_changed(source, request, ctx, state, changes)
             continue
         if outcome == "refused":  # a refused statement checked nothing
-            unreadable = unreadable or (not rows[index].data_checked)
+            if not rows[index].data_checked:
+                unreadable = unreadable or BodyNotJSONError(refusal_reason(rows[index]))
         else:
             state.confirmed()
         accepted += outcome == "stored"
         index += 1
     if unreadable:
-        raise _unreadable(unreadable if isinstance(unreadable, BaseException) else None)
+        raise _unreadable(unreadable)
     return accepted
 
 
