@@ -163,7 +163,7 @@ def _shown(number: bytes) -> str:
 
 
 def _no_constant(name: str) -> Any:
-    raise BodyNotJSONError(f"{name} is not JSON (nor are NaN, Infinity and -Infinity)")
+    raise BodyNotJSONError(f"{name} is not JSON (JSON has no NaN or Infinity)")
 
 
 # A form's text: name=value pairs joined by "&" (the names and values percent-encoded).
