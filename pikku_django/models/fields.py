@@ -32,6 +32,21 @@ class UnreadableJSON:
     def __hash__(self) -> int:
         return hash(self.text)
 
+    def __str__(self) -> str:
+        return f"(stored JSON Python cannot read back: {self.reason})"
+
+
+class UnreadableValueError(ValueError):
+    """A stored value Python cannot read back was about to be used."""
+
+
+def readable(value: Any, what: str) -> Any:
+    """``value``, or :class:`UnreadableValueError` naming ``what`` when it is an
+    :class:`UnreadableJSON`."""
+    if isinstance(value, UnreadableJSON):
+        raise UnreadableValueError(f"{what} cannot be read back from the database: {value.reason}")
+    return value
+
 
 def _finite(text: str) -> float:
     value = float(text)
@@ -46,12 +61,15 @@ def _constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def decode_stored_json(text: str) -> Any:
+def decode_stored_json(text: str, *, finite: bool = False) -> Any:
     """``text`` as a value, or :class:`UnreadableJSON` saying why Python cannot read it
-    back as one it could store again (a float out of range would come back as
-    infinity, which is not JSON). ``json.JSONDecodeError`` for text that is not JSON."""
+    back; with ``finite``, also for a float out of range (it would come back as
+    infinity, which cannot be stored again). ``json.JSONDecodeError`` for text that is
+    not JSON."""
     try:
-        return json.loads(text, parse_float=_finite, parse_constant=_constant)
+        if finite:
+            return json.loads(text, parse_float=_finite, parse_constant=_constant)
+        return json.loads(text)
     except json.JSONDecodeError:
         raise
     except RecursionError:
@@ -64,8 +82,14 @@ class ReadableJSONField(models.JSONField):
     """A ``JSONField`` whose undecodable values load as :class:`UnreadableJSON` instead
     of raising; such a value cannot be saved back.
 
-    The column is a plain JSON column: migrations record it as ``JSONField``.
+    The column is a plain JSON column: migrations record it as ``JSONField``. With
+    ``finite_floats``, a float out of range loads as unreadable too (for values that
+    are stored again as they are read, such as a receipt's run input).
     """
+
+    def __init__(self, *args: Any, finite_floats: bool = False, **kwargs: Any) -> None:
+        self.finite_floats = finite_floats
+        super().__init__(*args, **kwargs)
 
     def deconstruct(self) -> Any:
         name, _path, args, kwargs = super().deconstruct()
@@ -79,7 +103,7 @@ class ReadableJSONField(models.JSONField):
         ):
             return super().from_db_value(value, expression, connection)
         try:
-            return decode_stored_json(value)
+            return decode_stored_json(value, finite=self.finite_floats)
         except json.JSONDecodeError:  # as JSONField answers it: the text itself
             return value
 

@@ -92,7 +92,7 @@ class WebhookReceipt(models.Model):
     # The workflow the event starts, and that run's input until a worker starts it.
     workflow = models.CharField(_("workflow"), max_length=200, blank=True, default="")
     # Loads even when Python cannot read it back (then an UnreadableJSON).
-    input = ReadableJSONField(_("run input"), null=True, blank=True)
+    input = ReadableJSONField(_("run input"), null=True, blank=True, finite_floats=True)
     set_aside = models.CharField(
         _("set aside"),
         max_length=500,
