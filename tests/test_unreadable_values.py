@@ -143,3 +143,32 @@ def test_a_settled_wait_that_cannot_be_read_fails_its_run_not_reads_none(alias: 
     status, message = status_and_error(alias, run)
     assert status == RunStatus.FAILED
     assert message.startswith("The result of step 'event:go' cannot be read back")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pages_of_a_run_with_an_unreadable_value_answer(admin_client: Any) -> None:
+    from django.urls import reverse
+
+    from pikku_django.workflows.api import reset_engine
+
+    reset_engine()
+    engine = engine_on("default")
+    run = engine.start(uv_then_wait, {})
+    engine.run_until_idle()
+    with any_digits():
+        WorkflowRun.objects.filter(id=run.id).update(input={"n": BIG}, output=BIG, status="failed")
+        WorkflowStep.objects.filter(run_id=run.id).update(result=BIG)
+    page = admin_client.get(reverse("admin:pikku_django_workflowrun_change", args=[run.id]))
+    assert page.status_code == 200
+    assert "cannot read back" in page.content.decode()
+    step_id = WorkflowStep.objects.filter(run_id=run.id).values_list("id", flat=True)[0]
+    assert (
+        admin_client.get(
+            reverse("admin:pikku_django_workflowstep_change", args=[step_id])
+        ).status_code
+        == 200
+    )
+    assert admin_client.get(reverse("admin:pikku_django_workflowrun_changelist")).status_code == 200
+    status = admin_client.get(reverse("pikku_django:run-status", args=[run.id]))
+    assert status.status_code == 200
+    assert "cannot read back" in status.json()["output"]

@@ -36,6 +36,11 @@ class UnreadableJSON:
         return f"(stored JSON Python cannot read back: {self.reason})"
 
 
+def shown(value: Any) -> Any:
+    """``value`` as pages and answers show it: an :class:`UnreadableJSON` as its note."""
+    return str(value) if isinstance(value, UnreadableJSON) else value
+
+
 class UnreadableValueError(ValueError):
     """A stored value Python cannot read back was about to be used."""
 
