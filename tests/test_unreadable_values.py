@@ -172,3 +172,36 @@ def test_pages_of_a_run_with_an_unreadable_value_answer(admin_client: Any) -> No
     status = admin_client.get(reverse("pikku_django:run-status", args=[run.id]))
     assert status.status_code == 200
     assert "cannot read back" in status.json()["output"]
+
+
+def test_a_schedule_whose_input_cannot_be_read_fails_its_tick_with_the_reason(
+    alias: str, settings: Any
+) -> None:
+    from datetime import UTC, datetime
+
+    from pikku_django.models import Schedule
+    from pikku_django.schedules import start_due_ticks, sync_schedules
+    from pikku_django.schedules.ticks import forget_process_state
+
+    every = {"workflow": "uv_add", "cron": "*/10 * * * *"}
+    settings.PIKKU = {
+        "WORKFLOW_DATABASE": alias,
+        "SCHEDULES": {
+            "uv-bad": {**every, "input": {"n": 1}},
+            "uv-good": {**every, "input": {"n": 2}},
+        },
+    }
+    forget_process_state()
+    sync_schedules(datetime(2026, 1, 1, 0, 1, tzinfo=UTC), using=alias)
+    with any_digits():
+        Schedule.objects.using(alias).filter(name="uv-bad").update(input={"n": BIG})
+    try:
+        report = start_due_ticks(
+            datetime(2026, 1, 1, 0, 10, 1, tzinfo=UTC), using=alias, sync=False
+        )
+    finally:
+        forget_process_state()
+    assert [s.schedule for s in report.started if s.schedule.startswith("uv-")] == ["uv-good"]
+    (failure,) = [f for f in report.failed if f.schedule.startswith("uv-")]
+    assert failure.schedule == "uv-bad"
+    assert "The input of schedule 'uv-bad' cannot be read back from the database" in failure.error
