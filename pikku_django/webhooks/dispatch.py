@@ -235,6 +235,14 @@ def _start_batch(engine: RunStarter, limit: int, *, one_by_one: bool) -> int:
             WebhookReceipt.objects.using(engine.using).bulk_update(started, ["run", "input"])
         if aside:
             WebhookReceipt.objects.using(engine.using).bulk_update(aside, ["set_aside"])
+    for receipt in aside:
+        logger.error(
+            "Webhook %s:%s %s set aside, its run not started: %s",
+            receipt.source,
+            receipt.event,
+            receipt.provider_id,
+            receipt.set_aside,
+        )
     if started:
         logger.info("Started the runs of %d stored webhook event(s)", len(started))
     return len(waiting)
@@ -253,15 +261,9 @@ def _create_runs(engine: RunStarter, receipts: list[WebhookReceipt]) -> list[Any
 
 
 def set_aside(receipt: WebhookReceipt, reason: str) -> None:
-    """Mark ``receipt`` as set aside for ``reason`` (saved by the caller): its run is
-    not started, it keeps its input, and the admin shows it and may delete it."""
-    logger.error(
-        "Webhook %s:%s %s set aside, its run not started: %s",
-        receipt.source,
-        receipt.event,
-        receipt.provider_id,
-        reason,
-    )
+    """Mark ``receipt`` as set aside for ``reason`` (saved and logged by the caller):
+    its run is not started, it keeps its input, and the admin shows it and may delete
+    it."""
     limit = WebhookReceipt._meta.get_field("set_aside").max_length or 500
     receipt.set_aside = reason if len(reason) <= limit else reason[: limit - 3] + "..."
 
