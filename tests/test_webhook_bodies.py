@@ -248,3 +248,93 @@ def test_json_too_deep_for_mariadb_is_refused_by_it_not_a_503(
     assert post(client, "parsed", nested(35)).json() == {"received": 0}
     assert post(client, "text", nested(35)).status_code == 400
     assert not WebhookReceipt.objects.using(alias).filter(source__startswith="wh-bounds-").exists()
+
+
+# --- the reason a body is refused ----------------------------------------------------------
+
+READ = "the body could not be read: "
+#: Bodies the docs promise a reason for, and that reason (too deep: above).
+REFUSED = {
+    "nan": (b'{"ref": NaN}', "NaN is not JSON (JSON has no NaN or Infinity)"),
+    "infinity": (b"[1, -Infinity]", "-Infinity is not JSON (JSON has no NaN or Infinity)"),
+    "plain-text": (b"hello, this is not JSON", "the body is plain text, not JSON"),
+    "form": (
+        b"payload=%7B%22a%22%3A1%7D&token=abc",
+        "the body is form-encoded (application/x-www-form-urlencoded), not JSON",
+    ),
+    "big-integer": (
+        b'{"n": ' + b"9" * 4400 + b"}",
+        "the JSON holds an integer of 4400 digits, more than the 4300 Python reads",
+    ),
+    "big-float": (b"[1.5e400]", "the JSON holds the number 1.5e400, beyond the range of a float"),
+    "not-utf8": (b'{"a": "\xff"}', "the body is not UTF-8 text (invalid start byte at byte 7)"),
+    "syntax": (
+        b'{"a": 1,}',
+        "the body is not JSON: Expecting property name enclosed in double "
+        "quotes at line 1 column 9",
+    ),
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", sorted(ROUTES))
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_refused_body_is_answered_and_logged_with_its_reason(
+    bounded_sources: None, how: str, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    body, reason = REFUSED[case]
+    enable()
+    with caplog.at_level("INFO", logger="pikku_django.webhooks"):
+        answer = post(Client(), how, body)
+    assert answer.status_code == 400
+    assert answer.json() == {"error": READ + reason}
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("pikku_django.webhooks")]
+    assert any(reason in line for line in logged), logged
+    assert not any("refused its data" in line for line in logged), logged
+    assert not WebhookReceipt.objects.filter(source__startswith="wh-bounds-").exists()
+
+
+@on_databases("sqlite", "postgres", "mariadb")
+def test_a_body_no_worker_could_read_back_is_refused_at_intake_on_each_database(
+    vendor: str, bounded_sources: None, settings: Any
+) -> None:
+    """Stored unparsed, such a body would stop every worker's look at waiting events."""
+    alias = database_alias(vendor)
+    settings.PIKKU = {"WORKFLOW_DATABASE": alias}
+    reset_engine()
+    enable()
+    client = Client()
+    for case in ("big-integer", "big-float", "nan", "form"):
+        body, reason = REFUSED[case]
+        answer = post(client, "text", body)
+        assert answer.json() == {"error": READ + reason}, case
+    assert post(client, "text", b'{"n": ' + b"9" * 4300 + b"}").json() == {"received": 1}
+    assert WebhookReceipt.objects.using(alias).filter(source__startswith="wh-bounds-").count() == 1
+
+
+def receive_with_json_loads(request: Any, ctx: Any) -> Any:
+    return [WebhookEvent("doc", data=json.loads(ctx.body))]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_receive_that_parses_the_body_itself_is_answered_with_the_reason() -> None:
+    source = WebhookSource(
+        name="wh-bounds-own", verify=GitHub(), receive=receive_with_json_loads, events={"doc": None}
+    )
+    register_source(source)
+    try:
+        sync()
+        TriggerSource.objects.filter(name="wh-bounds-own").update(enabled=True)
+        set_credential(credential_name("wh-bounds-own"), SECRET)
+        body = b"a=1&b=2"
+        signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+        answer = Client().post(
+            "/pikku/webhooks/wh-bounds-own/",
+            body,
+            content_type="application/x-www-form-urlencoded",
+            HTTP_X_HUB_SIGNATURE_256=signature,
+        )
+    finally:
+        unregister_source(source.name)
+    assert answer.status_code == 400
+    assert answer.json() == {"error": READ + REFUSED["form"][1]}

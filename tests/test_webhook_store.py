@@ -470,7 +470,9 @@ def test_a_body_event_that_is_not_json_raises_when_its_data_is_read(body: bytes)
 
 
 def test_a_body_that_is_not_utf8_is_refused_at_once() -> None:
-    with pytest.raises(UnicodeDecodeError):
+    with pytest.raises(
+        ValueError, match=r"the body is not UTF-8 text \(invalid start byte at byte 0\)"
+    ):
         _context(b"\xff{}").body_event("push")
 
 

@@ -41,7 +41,8 @@ def events_table(run: WorkflowRun) -> SafeString | str:
     for wait in waits:
         if wait.id in taken:
             continue
-        outcome = _("timed out") if (wait.result or {}).get("timed_out") else _("waiting")
+        result = wait.result if isinstance(wait.result, dict) else {}
+        outcome = _("timed out") if result.get("timed_out") else _("waiting")
         rows.append(
             (
                 wait.function,

@@ -11,7 +11,10 @@
 - **Credential values** are added through a password field and stored encrypted
   (:func:`set_credential`); a stored value is never shown again, only its last
   characters. A value can afterwards only be retired or made active again.
-- **Webhook receipts** are a read-only record of accepted events.
+- **Webhook receipts** are a read-only record of accepted events. A receipt a worker
+  set aside (its input cannot be read back, or its run could not be created) says
+  why, and is the only kind that may be deleted (Django's "Can delete webhook
+  receipt" permission): the others stop a redelivery being dispatched twice.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pikku_django.admin.source_switch import (
     valid_base_url,
 )
 from pikku_django.models import CredentialValue, TriggerSource, WebhookReceipt, WorkflowRun
+from pikku_django.models.fields import UnreadableJSON
 from pikku_django.webhooks import lifecycle
 from pikku_django.webhooks.credentials import set_credential
 from pikku_django.webhooks.lifecycle import Outcome, SourceError
@@ -338,17 +342,42 @@ class CredentialValueAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 # -- webhook receipts -----------------------------------------------------------------
 
 
+class ReceiptStateFilter(admin.SimpleListFilter):
+    """Receipts by where their event stands: waiting, started or set aside."""
+
+    title = gettext_lazy("state")
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [
+            ("waiting", gettext_lazy("waiting for a worker")),
+            ("started", gettext_lazy("run started")),
+            ("set_aside", gettext_lazy("set aside")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "waiting":
+            return queryset.filter(run__isnull=True, input__isnull=False, set_aside="")
+        if self.value() == "started":
+            return queryset.filter(run__isnull=False)
+        if self.value() == "set_aside":
+            return queryset.exclude(set_aside="")
+        return queryset
+
+
 @admin.register(WebhookReceipt)
 class WebhookReceiptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Accepted events, once each per (source, event, provider id); read-only."""
+    """Accepted events, once each per (source, event, provider id); read-only, and only
+    those set aside may be deleted."""
 
     list_display = ("source", "event", "provider_id", "received_at", "run_link")
-    list_filter = ("source", "event")
+    list_filter = (ReceiptStateFilter, "source", "event")
     search_fields = ("provider_id", "source", "event")
     date_hierarchy = "received_at"
     list_select_related = ("run",)
-    fields = ("source", "event", "provider_id", "received_at", "run_link", "data_json")
+    fields = ("source", "event", "provider_id", "received_at", "run_link", "set_aside", "data_json")
     readonly_fields = fields
+    actions = ("delete_set_aside",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookReceipt]:
         return super().get_queryset(request).using(workflow_database())  # where receipts go
@@ -360,11 +389,43 @@ class WebhookReceiptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # a receipt is what stops a redelivery being dispatched twice
+        # A receipt is what stops a redelivery being dispatched twice; one set aside
+        # waits for nothing, and may go.
+        if obj is None or not obj.set_aside:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def has_delete_set_aside_permission(self, request: HttpRequest) -> bool:
+        """The action: Django's "Can delete webhook receipt" permission."""
+        return super().has_delete_permission(request)
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # receipts go only through delete_set_aside
+        return actions
+
+    @admin.action(
+        permissions=["delete_set_aside"],
+        description=gettext_lazy("Delete the selected receipts that were set aside"),
+    )
+    def delete_set_aside(self, request: HttpRequest, queryset: QuerySet[WebhookReceipt]) -> None:
+        count, _deleted = queryset.exclude(set_aside="").delete()
+        self.message_user(
+            request,
+            ngettext(
+                "Deleted %(count)d receipt set aside.",
+                "Deleted %(count)d receipts set aside.",
+                count,
+            )
+            % {"count": count},
+            messages.SUCCESS,
+        )
 
     @admin.display(description=gettext_lazy("dispatch run"), ordering="run")
     def run_link(self, obj: WebhookReceipt) -> SafeString | str:
         if obj.run_id is None:
+            if obj.set_aside:
+                return _("set aside: %(reason)s") % {"reason": Truncator(obj.set_aside).chars(120)}
             return _("waiting for a worker") if obj.input is not None else EMPTY
         run = _run_of(obj)
         if run is None:
@@ -374,6 +435,13 @@ class WebhookReceiptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description=gettext_lazy("data"))
     def data_json(self, obj: WebhookReceipt) -> SafeString | str:
         """The event's data: in the receipt until its run starts, then in the run."""
+        if isinstance(obj.input, UnreadableJSON):
+            return format_html(
+                '<p>{}</p><pre class="pikku-json">{}</pre>',
+                _("Python cannot read this input back (%(reason)s); its stored text:")
+                % {"reason": obj.input.reason},
+                Truncator(obj.input.text).chars(RAW_TEXT_SHOWN),
+            )
         if obj.input is not None:
             event = obj.input
         else:
@@ -386,6 +454,10 @@ class WebhookReceiptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if "handler" in event:  # a function handler's run wraps the event
             event = event.get("event")
         return json_block(event.get("data") if isinstance(event, dict) else None)
+
+
+#: How much of an unreadable input's stored text the receipt page shows.
+RAW_TEXT_SHOWN = 20_000
 
 
 def _run_of(receipt: WebhookReceipt) -> WorkflowRun | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from pikku_django.models.fields import ReadableJSONField
 from pikku_django.models.workflows import WorkflowRun, WorkflowStep
 
 
@@ -16,7 +17,7 @@ class WorkflowEvent(models.Model):
     )
     name = models.CharField(_("event name"), max_length=200)
     event_id = models.CharField(_("event id"), max_length=255)
-    data = models.JSONField(_("data"), null=True, blank=True)
+    data = ReadableJSONField(_("data"), null=True, blank=True)
     step = models.OneToOneField(
         WorkflowStep,
         on_delete=models.SET_NULL,

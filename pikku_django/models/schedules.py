@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from pikku_django.models.fields import ReadableJSONField
+
 
 class MissedTicks(models.TextChoices):
     """What a schedule does with ticks that passed while no worker was up."""
@@ -26,7 +28,7 @@ class Schedule(models.Model):
     workflow = models.CharField(_("workflow"), max_length=200)
     cron = models.CharField(_("cron expression"), max_length=200)
     timezone = models.CharField(_("time zone"), max_length=64)
-    input = models.JSONField(_("input"), null=True, blank=True)
+    input = ReadableJSONField(_("input"), null=True, blank=True)
     missed = models.CharField(
         _("missed ticks"), max_length=16, choices=MissedTicks.choices, default=MissedTicks.LATEST
     )

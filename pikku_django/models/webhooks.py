@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from pikku_django.models.fields import ReadableJSONField
+
 
 class TriggerSource(models.Model):
     """What is known of one declared trigger source: its switch and its provider registration."""
@@ -66,7 +68,9 @@ class WebhookReceipt(models.Model):
 
     The request stores the event here, with the input of the run it is to start;
     a worker starts that run and then links it (``run``), and the input moves to
-    the run, so the event's data is kept once.
+    the run, so the event's data is kept once. A receipt whose run cannot be started
+    (its input cannot be read back, or the run refused it) is set aside instead: it
+    keeps its input, says why in ``set_aside``, and waits no more.
     """
 
     source = models.CharField(_("source"), max_length=100)
@@ -87,7 +91,16 @@ class WebhookReceipt(models.Model):
     received_at = models.DateTimeField(_("received"), auto_now_add=True, db_index=True)
     # The workflow the event starts, and that run's input until a worker starts it.
     workflow = models.CharField(_("workflow"), max_length=200, blank=True, default="")
-    input = models.JSONField(_("run input"), null=True, blank=True)
+    # Loads even when Python cannot read it back (then an UnreadableJSON).
+    input = ReadableJSONField(_("run input"), null=True, blank=True, finite_floats=True)
+    set_aside = models.CharField(
+        _("set aside"),
+        max_length=500,
+        blank=True,
+        default="",
+        db_default="",  # the receipt's INSERT (webhooks/sql.py) leaves it out
+        help_text=_("why a worker set the event aside instead of starting its run"),
+    )
 
     class Meta:
         db_table = "pikku_webhook_receipt"
@@ -108,7 +121,7 @@ class WebhookReceipt(models.Model):
     @property
     def waiting(self) -> bool:
         """Whether the event's run has yet to be started by a worker."""
-        return self.run_id is None and self.input is not None
+        return self.run_id is None and self.input is not None and not self.set_aside
 
 
 class WebhookDigest(models.Model):

@@ -7,6 +7,8 @@ import uuid
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from pikku_django.models.fields import ReadableJSONField
+
 
 class RunStatus(models.TextChoices):
     RUNNING = "running", _("running")
@@ -70,9 +72,9 @@ class WorkflowRun(models.Model):
     status = models.CharField(
         _("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING
     )
-    input = models.JSONField(_("input"), null=True, blank=True)
-    output = models.JSONField(_("output"), null=True, blank=True)
-    error = models.JSONField(
+    input = ReadableJSONField(_("input"), null=True, blank=True)
+    output = ReadableJSONField(_("output"), null=True, blank=True)
+    error = ReadableJSONField(
         _("error"), null=True, blank=True, help_text=_("type, message and traceback")
     )
     suspend_reason = models.TextField(_("suspend reason"), blank=True, default="")
@@ -142,7 +144,7 @@ class WorkflowRun(models.Model):
         blank=True,
         help_text=_("the run fails with WorkflowTimeoutError if it has not ended by then"),
     )
-    trace_context = models.JSONField(
+    trace_context = ReadableJSONField(
         _("trace context"),
         null=True,
         blank=True,
@@ -157,14 +159,14 @@ class WorkflowRun(models.Model):
         db_default="",
         help_text=_("the workflow version (declared, or a hash of its code) it started under"),
     )
-    published = models.JSONField(
+    published = ReadableJSONField(
         _("published values"),
         null=True,
         blank=True,
         editable=False,
         help_text=_("the values the run set with ctx.set_event, by name"),
     )
-    first_step = models.JSONField(
+    first_step = ReadableJSONField(
         _("first step"),
         null=True,
         blank=True,
@@ -254,12 +256,12 @@ class WorkflowStep(models.Model):
     name = models.CharField(_("step name"), max_length=255)
     kind = models.CharField(_("kind"), max_length=16, choices=StepKind.choices)
     function = models.CharField(_("function"), max_length=255, blank=True, default="")
-    input = models.JSONField(_("input"), null=True, blank=True)
+    input = ReadableJSONField(_("input"), null=True, blank=True)
     status = models.CharField(
         _("status"), max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING
     )
-    result = models.JSONField(_("result"), null=True, blank=True)
-    error = models.JSONField(_("error"), null=True, blank=True)
+    result = ReadableJSONField(_("result"), null=True, blank=True)
+    error = ReadableJSONField(_("error"), null=True, blank=True)
     retries = models.PositiveIntegerField(_("retries"), default=5)
     retry_delay = models.FloatField(_("retry delay (s)"), default=0)
     backoff = models.CharField(
@@ -382,8 +384,8 @@ class StepAttempt(models.Model):
     status = models.CharField(
         _("status"), max_length=16, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING
     )
-    result = models.JSONField(_("result"), null=True, blank=True)
-    error = models.JSONField(_("error"), null=True, blank=True)
+    result = ReadableJSONField(_("result"), null=True, blank=True)
+    error = ReadableJSONField(_("error"), null=True, blank=True)
     worker = models.CharField(_("worker"), max_length=255, blank=True, default="")
     started_at = models.DateTimeField(_("started"), auto_now_add=True)
     finished_at = models.DateTimeField(_("finished"), null=True, blank=True)

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from pikku_django.conf import pikku_settings
 from pikku_django.models import MissedTicks
+from pikku_django.models.fields import readable
 from pikku_django.schedules.cron import Cron
 from pikku_django.schedules.errors import ScheduleError
 from pikku_django.schedules.store import (
@@ -208,6 +209,8 @@ def _start_tick(
         row = schedules(alias).filter(pk=pk, next_tick_at=due_at).first()
         if row is None:
             return None  # another process has moved it on, or it was switched off
+        # A tick failure that says why (the others start all the same).
+        readable(row.input, f"The input of schedule {row.name!r}")
         policy = MissedTicks(row.missed)
         plan = plan_ticks(
             cron_of(row),

@@ -1,6 +1,6 @@
 """Webhook sources: declared in code, verified before anything runs, dispatched durably."""
 
-from pikku_django.webhooks.bodies import BodyLimitError
+from pikku_django.webhooks.bodies import BodyError, BodyLimitError, BodyNotJSONError
 from pikku_django.webhooks.credentials import credential_values, set_credential
 from pikku_django.webhooks.secret_checks import InvalidSecretError
 from pikku_django.webhooks.sources import (
@@ -18,7 +18,9 @@ from pikku_django.webhooks.sources import (
 )
 
 __all__ = [
+    "BodyError",
     "BodyLimitError",
+    "BodyNotJSONError",
     "InvalidSecretError",
     "ProviderContext",
     "ReceiveContext",

@@ -8,20 +8,36 @@ import json
 import logging
 from typing import Any, Literal
 
-from django.db import DataError
+from django.db import DatabaseError, DataError, transaction
 
 from pikku_django.conf import pikku_settings
 from pikku_django.models import WebhookReceipt
+from pikku_django.models.fields import UnreadableJSON
+from pikku_django.webhooks.bodies import not_json_reason
 from pikku_django.webhooks.digests import accepted_once
 from pikku_django.webhooks.identifiers import check_identifier
 from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, event_json, handler_for
 from pikku_django.webhooks.sql import RECEIPTS_WAITING, Gate, NewEvent, idempotency_key, store_event
+from pikku_django.workflows._dberrors import is_transient
 from pikku_django.workflows.intake import RunStarter, register_intake
 from pikku_django.workflows.registry import get_step, step, workflow
 from pikku_django.workflows.store import NewRun
 from pikku_django.workflows.store.announce import announcer
 
 logger = logging.getLogger(__name__)
+
+
+def _passing(exc: BaseException) -> bool:
+    """Whether ``exc`` passes by itself (a lost connection, a deadlock): the worker's
+    next look tries again, and nothing is set aside for it."""
+    if isinstance(exc, DatabaseError):
+        return is_transient(exc)
+    # The drivers' own, from statements run on the driver's cursor.
+    return type(exc).__module__.startswith(("psycopg", "MySQLdb")) and type(exc).__name__ in (
+        "OperationalError",
+        "InterfaceError",
+    )
+
 
 #: The workflow that runs a function handler as a retried step on a worker.
 DISPATCH_WORKFLOW = "pikku.webhooks.dispatch"
@@ -142,10 +158,11 @@ def store_new_event(
             return "stored"
     except DataError as exc:  # e.g. PostgreSQL refuses \u0000 in JSON text
         logger.warning(
-            "Webhook %s:%s %s: the database refused its data; dropped: %s",
+            "Webhook %s:%s %s: %s; dropped (%s)",
             new.source,
             new.event,
             new.provider_id,
+            refusal_reason(new),
             exc,
         )
         return "refused"
@@ -158,24 +175,47 @@ def store_new_event(
     return "redelivery"
 
 
+def refusal_reason(new: NewEvent) -> str:
+    """Why the database refused ``new``'s data: what is wrong with its text, else that
+    the database cannot store it (such as PostgreSQL and a NUL character)."""
+    reason = None if new.data_json is None else not_json_reason(new.data_json)
+    return reason or "the database cannot store its data as JSON"
+
+
 def waiting_receipts(engine: RunStarter) -> Any:
-    """The receipts whose run a worker has yet to start."""
+    """The receipts whose run a worker has yet to start (not those set aside)."""
     return WebhookReceipt.objects.using(engine.using).filter(
-        run_id__isnull=True, input__isnull=False
+        run_id__isnull=True, input__isnull=False, set_aside=""
     )
 
 
 def start_waiting_runs(engine: RunStarter, limit: int = 100) -> int:
     """Start the run of each stored event still waiting for one, oldest first (at most
-    ``limit``): how many receipts now have their run.
+    ``limit``): how many receipts were dealt with (their run started, or set aside).
 
     The receipts are locked (those another worker is starting are skipped), their
     runs created by the engine, and each receipt linked to its run with its input
     moved to the run, in one transaction. Should a run with the event's idempotency
-    key exist already, the receipt is linked to it instead.
+    key exist already, the receipt is linked to it instead. A receipt whose input
+    cannot be read back, or whose run cannot be created, is set aside with the reason
+    (:func:`set_aside`) and the others start all the same.
     """
     if not waiting_receipts(engine).exists():  # the usual answer, without a transaction
         return 0
+    try:
+        return _start_batch(engine, limit, one_by_one=False)
+    except Exception as exc:
+        if _passing(exc):
+            raise
+        # One receipt's run could not be created: find which.
+        logger.warning(
+            "Starting the runs of stored webhook events failed (%s); starting them one by one",
+            exc,
+        )
+        return _start_batch(engine, limit, one_by_one=True)
+
+
+def _start_batch(engine: RunStarter, limit: int, *, one_by_one: bool) -> int:
     with engine.store.claims_serialised(), engine.store.atomic():
         waiting = list(
             waiting_receipts(engine)
@@ -185,21 +225,63 @@ def start_waiting_runs(engine: RunStarter, limit: int = 100) -> int:
         )
         if not waiting:
             return 0
-        run_ids = engine.create_runs(
-            [
-                NewRun(
-                    r.workflow,
-                    r.input,
-                    idempotency_key(r.source, r.event, r.provider_id),
-                )
-                for r in waiting
-            ]
+        aside = [r for r in waiting if isinstance(r.input, UnreadableJSON)]
+        for receipt in aside:
+            set_aside(receipt, f"its input cannot be read back: {receipt.input.reason}")
+        readable = [r for r in waiting if not isinstance(r.input, UnreadableJSON)]
+        if one_by_one:
+            started = []
+            for receipt in readable:
+                try:
+                    with transaction.atomic(using=engine.using):  # a savepoint each
+                        receipt.run_id = _create_runs(engine, [receipt])[0]
+                    started.append(receipt)
+                except Exception as exc:
+                    if _passing(exc):
+                        raise
+                    set_aside(receipt, f"its run could not be created: {exc}")
+                    aside.append(receipt)
+        else:
+            started = readable
+            for receipt, run_id in zip(readable, _create_runs(engine, readable), strict=True):
+                receipt.run_id = run_id
+        for receipt in started:
+            receipt.input = None
+        if started:
+            WebhookReceipt.objects.using(engine.using).bulk_update(started, ["run", "input"])
+        if aside:
+            WebhookReceipt.objects.using(engine.using).bulk_update(aside, ["set_aside"])
+    for receipt in aside:
+        logger.error(
+            "Webhook %s:%s %s set aside, its run not started: %s",
+            receipt.source,
+            receipt.event,
+            receipt.provider_id,
+            receipt.set_aside,
         )
-        for receipt, run_id in zip(waiting, run_ids, strict=True):
-            receipt.run_id, receipt.input = run_id, None
-        WebhookReceipt.objects.using(engine.using).bulk_update(waiting, ["run", "input"])
-    logger.info("Started the runs of %d stored webhook event(s)", len(waiting))
+    if started:
+        logger.info("Started the runs of %d stored webhook event(s)", len(started))
     return len(waiting)
+
+
+def _create_runs(engine: RunStarter, receipts: list[WebhookReceipt]) -> list[Any]:
+    """Create the runs of ``receipts`` (or find those their keys already name)."""
+    if not receipts:
+        return []
+    return engine.create_runs(
+        [
+            NewRun(r.workflow, r.input, idempotency_key(r.source, r.event, r.provider_id))
+            for r in receipts
+        ]
+    )
+
+
+def set_aside(receipt: WebhookReceipt, reason: str) -> None:
+    """Mark ``receipt`` as set aside for ``reason`` (saved and logged by the caller):
+    its run is not started, it keeps its input, and the admin shows it and may delete
+    it."""
+    limit = WebhookReceipt._meta.get_field("set_aside").max_length or 500
+    receipt.set_aside = reason if len(reason) <= limit else reason[: limit - 3] + "..."
 
 
 class ReceiptIntake:

@@ -14,7 +14,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 
-from pikku_django.webhooks.bodies import check_json_text, loads
+from pikku_django.webhooks.bodies import check_json_text, loads, utf8_text
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 
@@ -118,16 +118,16 @@ class ReceiveContext:
     delivery_id: str | None = None
 
     def json(self) -> Any:
-        """The body parsed as JSON: ``ValueError`` when it is not JSON, or (a
-        ``BodyLimitError``) when it is larger or deeper than the bounds."""
-        return loads(self.body.decode("utf-8"))
+        """The body parsed as JSON: a ``BodyNotJSONError`` when it is not JSON, a
+        ``BodyLimitError`` when it is out of bounds (both ``ValueError``, saying why)."""
+        return loads(self.body)
 
     def body_event(self, name: str, id: str | None = None) -> WebhookEvent:
         """One event whose data is the whole JSON body, stored as it came rather than
         parsed and encoded again (a body that is not JSON, or is out of bounds, is
-        answered 400)."""
+        answered 400 with the reason)."""
         check_json_text(self.body)
-        return WebhookEvent._unread(name, self.body.decode("utf-8"), id)
+        return WebhookEvent._unread(name, utf8_text(self.body), id)
 
 
 @dataclass

@@ -26,10 +26,15 @@ from django.views.decorators.csrf import csrf_exempt
 from pikku_django.conf import pikku_settings
 from pikku_django.models import TriggerSource
 from pikku_django.webhooks._send_events import NoRunForEventError
-from pikku_django.webhooks.bodies import BodyLimitError, note_unbounded_asgi
+from pikku_django.webhooks.bodies import (
+    BodyError,
+    BodyNotJSONError,
+    not_json_reason,
+    note_unbounded_asgi,
+)
 from pikku_django.webhooks.credentials import UndecryptableCredentialError
 from pikku_django.webhooks.digests import accepted_once
-from pikku_django.webhooks.dispatch import new_events, store_new_event
+from pikku_django.webhooks.dispatch import new_events, refusal_reason, store_new_event
 from pikku_django.webhooks.identifiers import UnusableIdentifierError
 from pikku_django.webhooks.routes import unmatched
 from pikku_django.webhooks.sources import (
@@ -75,9 +80,19 @@ def _received(count: int) -> HttpResponse:
 
 
 def _unreadable(reason: BaseException | None = None) -> Answered:
-    if isinstance(reason, BodyLimitError):
+    if isinstance(reason, BodyError):  # says why: a bound, NaN, plain text, a form...
         return Answered(_error(400, f"the body could not be read: {reason}"))
     return Answered(_error(400, "the body could not be read"))
+
+
+def _why_unreadable(exc: BaseException, body: bytes) -> BaseException:
+    """What ``receive`` raised, or, when it failed to parse the body as JSON itself,
+    why the body is not JSON."""
+    if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+        reason = not_json_reason(body)
+        if reason is not None:
+            return BodyNotJSONError(reason)
+    return exc
 
 
 def _unreachable_errors() -> tuple[type[Exception], ...]:
@@ -208,8 +223,9 @@ def _receive(source: WebhookSource, request: HttpRequest, ctx: ReceiveContext) -
     try:
         value = source.receive(request, ctx)
     except UNREADABLE as exc:
-        logger.info("Webhook %s: receive refused the body: %s", source.name, exc)
-        raise _unreadable(exc) from None
+        reason = _why_unreadable(exc, ctx.body)
+        logger.info("Webhook %s: receive refused the body: %s", source.name, reason)
+        raise _unreadable(reason) from None
     received = _as_received(value)
     if received.events and not ctx.verified:
         raise Answered(_error(401, "events need a signed body"))
@@ -290,7 +306,7 @@ def _store(
         accepted, refused = _store_together(source, request, ctx, rows, state, digest)
     unreadable = unreadable or refused
     if unreadable:
-        raise _unreadable(unreadable if isinstance(unreadable, BaseException) else None)
+        raise _unreadable(unreadable)
     return accepted
 
 
@@ -301,7 +317,7 @@ def _store_together(
     rows: list[NewEvent],
     state: RequestState,
     digest: str | None,
-) -> tuple[int, bool]:
+) -> tuple[int, BodyNotJSONError | None]:
     """:func:`_store_rows` in one transaction with the claim of ``digest`` (when
     given); should the source change, outside it, and then all the rows again."""
     changes = 0
@@ -309,7 +325,7 @@ def _store_together(
         try:
             with accepted_once(source.name, digest) as new:
                 if not new:
-                    return 0, False
+                    return 0, None
                 return _store_rows(source, request, ctx, rows, state, atomic=digest is not None)
         except SourceChanged:  # out of the transaction, which took back what it stored
             changes += 1
@@ -325,16 +341,16 @@ def _store_rows(
     *,
     atomic: bool = False,
     digest: str | None = None,
-) -> tuple[int, bool]:
-    """Store each row: how many were new, and whether the database refused unchecked
-    data. Each store is gated on a kept state; should the source change meanwhile, it
-    is read again (404 when now off) and the request verified again before storing on
-    (``atomic``: rows stored in one transaction leave it first, with ``SourceChanged``,
-    so the state is read outside it and the rows stored again). ``digest`` is claimed
-    by the store of a request's only row.
+) -> tuple[int, BodyNotJSONError | None]:
+    """Store each row: how many were new, and why the database refused unchecked
+    data (None when it refused none). Each store is gated on a kept state; should the
+    source change meanwhile, it is read again (404 when now off) and the request
+    verified again before storing on (``atomic``: rows stored in one transaction leave
+    it first, with ``SourceChanged``, so the state is read outside it and the rows
+    stored again). ``digest`` is claimed by the store of a request's only row.
     """
     accepted = 0
-    refused = False
+    refused: BodyNotJSONError | None = None
     changes = 0
     index = 0
     while index < len(rows):
@@ -352,7 +368,8 @@ def _store_rows(
             _source_changed(source, request, ctx, state, changes)
             continue
         if outcome == "refused":  # a refused statement checked nothing
-            refused = refused or (not rows[index].data_checked)
+            if not rows[index].data_checked:
+                refused = refused or BodyNotJSONError(refusal_reason(rows[index]))
         else:
             state.confirmed()
         accepted += outcome == "stored"

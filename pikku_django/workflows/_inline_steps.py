@@ -13,6 +13,7 @@ from django.db import DatabaseError, IntegrityError
 from django.utils import timezone
 
 from pikku_django.models import StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models.fields import readable
 from pikku_django.workflows import registry
 from pikku_django.workflows._claims import Claims
 from pikku_django.workflows._execution import Execution
@@ -40,10 +41,11 @@ logger = workflow_logger(__name__)
 
 def fresh(value: Any) -> Any:
     """A stored JSON value as workflow code gets it: a copy it may change freely, so
-    no change reaches what a later pass replays."""
+    no change reaches what a later pass replays (:class:`UnreadableValueError` for one
+    Python cannot read back, which fails the run with the reason)."""
     if isinstance(value, dict | list):
         return copy.deepcopy(value)
-    return value
+    return readable(value, "A stored value (a step's result or an event's data)")
 
 
 #: Where :func:`fresh_result` keeps a step's result pickled, on the step's row.
@@ -56,7 +58,7 @@ def fresh_result(step: WorkflowStep) -> Any:
     copy unpickled, which costs a fraction of a deep copy."""
     value = step.result
     if value is None or not isinstance(value, dict | list):
-        return value
+        return readable(value, f"The result of step {step.name!r}")
     kept = vars(step).get(_PICKLED)
     if kept is None or kept[0] is not value:
         kept = (value, pickle.dumps(value, pickle.HIGHEST_PROTOCOL))

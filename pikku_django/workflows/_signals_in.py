@@ -26,6 +26,7 @@ from pikku_django.models import (
     WorkflowRun,
     WorkflowStep,
 )
+from pikku_django.models.fields import readable
 from pikku_django.workflows._inline_steps import fresh
 from pikku_django.workflows._values import Pause, to_json
 from pikku_django.workflows.durations import Duration, parse_duration
@@ -108,7 +109,10 @@ def check_event_id(event_id: object) -> str:
 
 
 def _delivered(event: WorkflowEvent) -> dict[str, Any]:
-    return {"event_id": event.event_id, "data": event.data}
+    """What a wait records of ``event`` (``UnreadableValueError``, failing the run with
+    the reason, for data Python cannot read back)."""
+    data = readable(event.data, f"The data of event {event.name!r} {event.event_id!r}")
+    return {"event_id": event.event_id, "data": data}
 
 
 class EventWaits:
@@ -218,7 +222,8 @@ class EventWaits:
 
 def outcome(step: WorkflowStep) -> Any:
     """What a settled wait returns: the event's data, or TIMED_OUT."""
-    result = step.result if isinstance(step.result, dict) else {}
+    stored = readable(step.result, f"The result of step {step.name!r}")
+    result = stored if isinstance(stored, dict) else {}
     if result.get("timed_out"):
         return TIMED_OUT
     return fresh(result.get("data"))

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
+from pikku_django.models.fields import UnreadableJSON, readable
 from pikku_django.workflows import _published, _signals_in, _versions, registry
 from pikku_django.workflows._fanout import ParallelGroup, open_group
 from pikku_django.workflows._inline_steps import fresh, fresh_result
@@ -41,10 +42,17 @@ class WorkflowContext:
         self._recorder = recorder
         self.run = recorder.run
         self.run_id = recorder.run.id
-        self.input = fresh(recorder.run.input)
+        value = recorder.run.input
+        # Raised when read, in the pass, which then fails the run with the reason.
+        self._input = value if isinstance(value, UnreadableJSON) else fresh(value)
         self._seen: defaultdict[str, int] = defaultdict(int)
         #: This pass's parallel groups: their new branches are stored at the next step.
         self._groups: list[ParallelGroup] = []
+
+    @property
+    def input(self) -> Any:
+        """The run's input (a copy the workflow may change freely)."""
+        return readable(self._input, "The run's input")
 
     # -- naming -----------------------------------------------------------------
 

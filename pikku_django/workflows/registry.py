@@ -17,6 +17,7 @@ from typing import Any, TypeVar, overload
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 
+from pikku_django.models.fields import readable
 from pikku_django.workflows._concurrency import (
     KeyDefault,
     check_concurrency_limit,
@@ -117,7 +118,10 @@ class StepDefinition:
 
 def call_step_function(fn: Callable[..., Any], data: Any) -> Any:
     """Call ``fn(data)``, or ``fn()`` when it takes no argument; an ``async def``
-    function is run to its end on this thread (see :func:`acall_step_function`)."""
+    function is run to its end on this thread (see :func:`acall_step_function`).
+    :class:`~pikku_django.models.fields.UnreadableValueError` for stored ``data``
+    Python cannot read back: the attempt fails with the reason."""
+    readable(data, "The step's input")
     if iscoroutinefunction(fn):
         return async_to_sync(acall_step_function)(fn, data)
     if _takes_no_arguments(fn):
@@ -127,6 +131,7 @@ def call_step_function(fn: Callable[..., Any], data: Any) -> Any:
 
 async def acall_step_function(fn: Callable[..., Any], data: Any) -> Any:
     """Await ``fn(data)`` (or ``fn()``) of an ``async def`` step function."""
+    readable(data, "The step's input")
     return await (fn() if _takes_no_arguments(fn) else fn(data))
 
 

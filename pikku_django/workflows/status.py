@@ -11,6 +11,7 @@ from typing import Any
 from django.db import connections
 
 from pikku_django.models import TERMINAL_RUN_STATUSES, RunStatus, WorkflowRun, WorkflowStep
+from pikku_django.models.fields import shown
 from pikku_django.workflows._listen import ChannelListener
 from pikku_django.workflows.store import CHANNEL
 
@@ -90,9 +91,9 @@ def snapshot(run_id: uuid.UUID | str, using: str) -> RunSnapshot | None:
         status=run.status,
         suspend_reason=run.suspend_reason,
         steps=steps,
-        output=run.output,
+        output=shown(run.output),
         error=run.error,
-        published=run.published,
+        published=shown(run.published),
     )
 
 

@@ -68,11 +68,12 @@ class Command(BaseCommand):
         now = timezone.now()
         cutoff = now - timedelta(seconds=age)
         runs = settled_runs(using, cutoff)
-        # A receipt still waiting for its run holds the event: it is kept.
+        # A receipt still waiting for its run holds the event: it is kept (one a
+        # worker set aside waits no more, and goes).
         receipts = (
             WebhookReceipt.objects.using(using)
             .filter(received_at__lt=cutoff)
-            .exclude(run__isnull=True, input__isnull=False)
+            .exclude(run__isnull=True, input__isnull=False, set_aside="")
         )
         workers = WorkerHeartbeat.objects.using(using).filter(seen_at__lt=cutoff)
         try:

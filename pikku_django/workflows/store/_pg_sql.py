@@ -23,6 +23,7 @@ from pikku_django.models import (
     WorkflowRun,
     WorkflowStep,
 )
+from pikku_django.models.fields import decode_stored_json
 from pikku_django.workflows.store.base import columns
 
 
@@ -363,8 +364,9 @@ def _insert_shape(model: type[Any], auto_pk: bool) -> tuple[str, list[Any]]:
 
 
 def _loads(text: str | None) -> Any:
-    """A JSON column read back as text, decoded as the ORM decodes it."""
-    return None if text is None else json.loads(text)
+    """A JSON column read back as text, decoded as the ORM decodes it (an
+    :class:`~pikku_django.models.fields.UnreadableJSON` when Python cannot read it)."""
+    return None if text is None else decode_stored_json(text)
 
 
 def _jsonb(value: Any) -> str | None:
