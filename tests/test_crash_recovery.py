@@ -34,6 +34,8 @@ from tests.conftest import database_alias, on_databases
 from tests.test_worker import finish, wait_for, worker_process
 from tests.testapp.models import Effect
 
+pytestmark = pytest.mark.long
+
 LEASE_MS = 3_000
 POLL = 0.2
 
