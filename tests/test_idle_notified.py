@@ -190,12 +190,13 @@ def test_a_listening_idle_worker_polls_rarely_and_still_runs_what_falls_due(
 
 @on_databases("sqlite", "postgres")
 def test_a_worker_that_does_not_listen_polls_every_poll_interval(
-    vendor: str, statements: collections.Counter[str]
+    vendor: str, statements: collections.Counter[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     alias = database_alias(vendor)
     engine = WorkflowEngine(alias, leases=InMemoryLeaseService())
+    monkeypatch.setattr(_idle, "FOLLOWER_WAIT", HOUR)
     worker = Worker(
-        engine, concurrency=1, poll_interval=0.1, notified_poll_interval=120, notify=False
+        engine, concurrency=1, poll_interval=0.1, notified_poll_interval=HOUR, notify=False
     )
     assert worker._listener is None
     thread = threading.Thread(target=_run, args=(worker,), daemon=True)
@@ -203,8 +204,8 @@ def test_a_worker_that_does_not_listen_polls_every_poll_interval(
     try:
         time.sleep(1)
         before = _claims(statements)
-        time.sleep(2)
-        assert _claims(statements) - before >= 5
+        # Idle, it looks again and again: at the hour it would have looked once.
+        _wait_for(lambda: _claims(statements) - before >= 5, GUARD, "five looks for work")
     finally:
         worker.stop()
         thread.join(GUARD)
