@@ -4,7 +4,8 @@ A worker that is SIGKILLed mid-step has its step reclaimed as the next attempt o
 the step lease lapses; a worker that was paused past its lease cannot overwrite the
 attempt that replaced it; a transactional step killed mid-transaction leaves no
 partial writes. Workers killed mid-pass, or between a step's settle and the pass
-after it, with default settings on each database: tests/test_crash_recovery_bounds.py.
+after it, with default settings on each database: tests/test_crash_recovery_bounds.py
+and tests/test_crash_recovery_settle.py.
 """
 
 from __future__ import annotations
