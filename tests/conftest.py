@@ -112,10 +112,27 @@ def check_stable_ids(items: list[pytest.Item]) -> None:
         )
 
 
+def long_files_first(items: list[pytest.Item]) -> None:
+    """Order the files for pytest-xdist's ``--dist loadfile`` (run with
+    ``--no-loadscope-reorder``, which keeps this order): files marked ``long`` first,
+    then the others by their number of tests, most first (xdist's own order). A file
+    that takes minutes in a few tests, started last, would end the run alone."""
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    files = sorted(
+        by_file.values(),
+        key=lambda tests: (tests[0].get_closest_marker("long") is None, -len(tests)),
+    )
+    items[:] = [item for tests in files for item in tests]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """PIKKU_TEST_BACKENDS=sqlite,postgres runs only those backends' tests (and the
-    backend-free ones); the others are deselected, not skipped."""
+    backend-free ones); the others are deselected, not skipped. Files marked ``long``
+    are run first (:func:`long_files_first`)."""
     check_stable_ids(items)
+    long_files_first(items)
     wanted = os.environ.get("PIKKU_TEST_BACKENDS", "").strip()
     if not wanted:
         return

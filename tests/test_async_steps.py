@@ -122,14 +122,15 @@ def test_a_late_result_of_a_superseded_async_attempt_is_refused(vendor: str, loo
 @on_databases(*ALL)
 def test_the_loop_renews_an_async_steps_lease_while_it_awaits(vendor: str, loop_of: Any) -> None:
     engine = WorkflowEngine(database_alias(vendor))
-    started(engine, 2.0)
-    # A claim of 600 ms, renewed every 300 ms by the loop while the step awaits 2 s.
-    claimed = replace(claim_one(engine), lease_ms=600, claimed_at=time.monotonic())
-    assert engine.refresh_step_lease(claimed.step_id, 600, claimed.attempt)
+    started(engine, 2.5)
+    # A claim of 1.2 s, renewed every 0.6 s by the loop while the step awaits 2.5 s
+    # (twice the lease: it outlives the claim only by its renewals).
+    claimed = replace(claim_one(engine), lease_ms=1200, claimed_at=time.monotonic())
+    assert engine.refresh_step_lease(claimed.step_id, 1200, claimed.attempt)
     loop = loop_of(engine)
     loop.steps.submit(claimed)
-    deadline = time.monotonic() + 1.6
-    while time.monotonic() < deadline:
+    watch_until = time.monotonic() + 2.1
+    while time.monotonic() < watch_until:
         time.sleep(0.2)
         # Nobody can take it over: its lease never lapses.
         assert engine.claim_due_steps(limit=1, worker="thief") == []

@@ -53,7 +53,7 @@ CHROMIUM_FLAGS = (
     "--no-proxy-server",
     "--window-size=1280,1024",
 )
-WAIT = 10  # seconds for the page to catch up with the engine
+WAIT = 60  # seconds for the page to catch up with the engine (a hang guard)
 SCRIPT = "pikku_django/run_live.js"
 REASON = "needs <b>approval</b> & a nod"
 NOTE = "<img src=x onerror=alert(1)>"

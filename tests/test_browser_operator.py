@@ -344,7 +344,7 @@ def test_the_dashboard_refreshes_itself(superuser_browser: Any, tmp_path: Path) 
     # Each figure links to its filtered list.
     # (In one script: the panel may be swapped for a fresh one at any moment.)
     browser.execute_script("document.querySelector('tr[data-status=failed] a').click()")
-    WebDriverWait(browser, 10).until(lambda d: "status__exact=failed" in d.current_url)
+    WebDriverWait(browser, 60).until(lambda d: "status__exact=failed" in d.current_url)
     assert "status__exact=failed" in browser.current_url
     rows = browser.find_element(By.ID, "result_list").text
     assert "op-b" in rows

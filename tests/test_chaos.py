@@ -19,6 +19,7 @@ from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from django.db import connections
 
 from pikku_django.models import (
@@ -34,6 +35,8 @@ from tests.chaosapp.models import ChaosEffect, ChaosExecution
 from tests.chaosapp.workflows import chaos_function
 from tests.conftest import database_alias, on_databases
 from tests.test_worker import finish, wait_for, worker_process
+
+pytestmark = pytest.mark.long
 
 LEASE_MS = 3_000
 RUNS = 20

@@ -185,7 +185,7 @@ def test_a_real_deadlock_between_two_connections_passes(vendor: str) -> None:
     alias = database_alias(vendor)
     first, second = f"dl-{uuid.uuid4().hex}", f"dl-{uuid.uuid4().hex}"
     _leases(alias, first, second)
-    both_locked = threading.Barrier(2, timeout=10)
+    both_locked = threading.Barrier(2, timeout=60)
     errors: list[BaseException] = []
 
     def lock(one: str, other: str) -> None:

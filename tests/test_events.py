@@ -274,7 +274,7 @@ def test_events_racing_their_waits_each_reach_the_run(vendor: str) -> None:
 
     def send_all() -> None:
         try:
-            go.wait(10)
+            go.wait(60)
             for i, run in enumerate(runs):
                 engine.events.send(run.id, "payment", {"order": i}, event_id=f"e{i}")
         except BaseException as exc:  # reported by the test
@@ -284,7 +284,7 @@ def test_events_racing_their_waits_each_reach_the_run(vendor: str) -> None:
 
     sender = threading.Thread(target=send_all)
     sender.start()
-    go.wait(10)
+    go.wait(60)
     for run in runs:
         engine.orchestrate(run.id)
     sender.join(60)

@@ -28,7 +28,7 @@ from tests.faultproxy import FaultProxy
 from tests.test_chaos import problems_in, running_in
 from tests.test_worker import wait_for, worker_process
 
-pytestmark = pytest.mark.once
+pytestmark = [pytest.mark.once, pytest.mark.long]
 
 LEASE_MS = 3_000
 RUNS = 8

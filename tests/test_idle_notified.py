@@ -18,11 +18,15 @@ from django.db.backends.signals import connection_created
 
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import RunStatus
-from pikku_django.workflows import WorkflowContext, WorkflowEngine, workflow
+from pikku_django.workflows import WorkflowContext, WorkflowEngine, _idle, workflow
 from pikku_django.workflows._idle import PollCadence
 from pikku_django.workflows._listen import ChannelListener
 from pikku_django.workflows.worker import Worker
 from tests.conftest import database_alias, on_databases
+
+#: How long a test waits for what it expects before it fails: only a hang takes this long.
+GUARD = 60.0
+HOUR = 3600.0
 
 
 @workflow(name="idle_nap")
@@ -81,15 +85,15 @@ def test_the_listener_hands_on_payloads_calls_back_on_connect_and_stops(vendor: 
     thread = threading.Thread(target=listener.run, args=(stopping,), daemon=True)
     thread.start()
     try:
-        assert listener.listening.wait(10)
+        assert listener.listening.wait(GUARD)
         assert connects == [1]
         assert listener.interval(0.2, 5.0) == 5.0
         with connections[alias].cursor() as cursor:
             cursor.execute("SELECT pg_notify('pikku_test_idle', 'hello')")
-        _wait_for(lambda: payloads == ["hello"], 10, "the notification")
+        _wait_for(lambda: payloads == ["hello"], GUARD, "the notification")
     finally:
         stopping.set()
-        thread.join(10)
+        thread.join(GUARD)
     assert not thread.is_alive()
     assert not listener.listening.is_set()
     assert listener.interval(0.2, 5.0) == 0.2
@@ -105,10 +109,10 @@ def test_the_listener_ends_when_nothing_waits_on_it(vendor: str) -> None:
         target=listener.run, args=(threading.Event(), wanted.is_set), daemon=True
     )
     thread.start()
-    assert listener.listening.wait(10)
+    assert listener.listening.wait(GUARD)
     assert thread.is_alive()
     wanted.clear()
-    thread.join(10)
+    thread.join(GUARD)
     assert not thread.is_alive()
 
 
@@ -151,41 +155,48 @@ def _claims(counts: collections.Counter[str]) -> int:
 
 @on_databases("postgres")
 def test_a_listening_idle_worker_polls_rarely_and_still_runs_what_falls_due(
-    vendor: str, statements: collections.Counter[str]
+    vendor: str, statements: collections.Counter[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     alias = database_alias(vendor)
     engine = WorkflowEngine(alias, leases=InMemoryLeaseService())
-    worker = Worker(engine, concurrency=2, poll_interval=0.1, notified_poll_interval=120)
+    # Listening, it looks for work itself once an hour: longer than the test waits
+    # (GUARD) for anything, so what it runs without an announcement, its next-due
+    # look woke it for. Idle threads other than the poller wait as long.
+    monkeypatch.setattr(_idle, "FOLLOWER_WAIT", HOUR)
+    worker = Worker(engine, concurrency=2, poll_interval=0.1, notified_poll_interval=HOUR)
     thread = threading.Thread(target=_run, args=(worker,), daemon=True)
     thread.start()
     try:
         assert worker._listener is not None
-        assert worker._listener.listening.wait(10)
+        assert worker._listener.listening.wait(GUARD)
         time.sleep(1)  # past its first looks: idle and listening
         before = _claims(statements)
         time.sleep(2)
-        # Polling every 0.1 s would have claimed about 20 times; it looks every 120 s.
+        # Polling every 0.1 s would have claimed about 20 times; it looks every hour.
         assert _claims(statements) - before <= 2
         # Nothing announces a sleep's end: the next-due look wakes the worker for it.
         napping = engine.start("idle_nap", None)
-        _wait_for(lambda: engine.get_run(napping.id).status == RunStatus.COMPLETED, 30, "the nap")
+        completed = RunStatus.COMPLETED
+        _wait_for(lambda: engine.get_run(napping.id).status == completed, GUARD, "the nap")
         # Nor a deadline: the deadline intake names it, and the worker looks by then.
         waiting = engine.start("idle_waits_for_ever", None, timeout=1)
-        _wait_for(lambda: engine.get_run(waiting.id).status == RunStatus.FAILED, 30, "the deadline")
+        failed = RunStatus.FAILED
+        _wait_for(lambda: engine.get_run(waiting.id).status == failed, GUARD, "the deadline")
     finally:
         worker.stop()
-        thread.join(60)
+        thread.join(GUARD)
     assert engine.get_run(waiting.id).error["code"] == "RUN_TIMEOUT"
 
 
 @on_databases("sqlite", "postgres")
 def test_a_worker_that_does_not_listen_polls_every_poll_interval(
-    vendor: str, statements: collections.Counter[str]
+    vendor: str, statements: collections.Counter[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     alias = database_alias(vendor)
     engine = WorkflowEngine(alias, leases=InMemoryLeaseService())
+    monkeypatch.setattr(_idle, "FOLLOWER_WAIT", HOUR)
     worker = Worker(
-        engine, concurrency=1, poll_interval=0.1, notified_poll_interval=120, notify=False
+        engine, concurrency=1, poll_interval=0.1, notified_poll_interval=HOUR, notify=False
     )
     assert worker._listener is None
     thread = threading.Thread(target=_run, args=(worker,), daemon=True)
@@ -193,8 +204,8 @@ def test_a_worker_that_does_not_listen_polls_every_poll_interval(
     try:
         time.sleep(1)
         before = _claims(statements)
-        time.sleep(2)
-        assert _claims(statements) - before >= 5
+        # Idle, it looks again and again: at the hour it would have looked once.
+        _wait_for(lambda: _claims(statements) - before >= 5, GUARD, "five looks for work")
     finally:
         worker.stop()
-        thread.join(60)
+        thread.join(GUARD)

@@ -19,7 +19,7 @@ from pikku_django.workflows import WorkflowEngine
 from tests.conftest import database_alias, on_databases
 from tests.test_worker import finish, wait_for, worker_process
 
-pytestmark = pytest.mark.once
+pytestmark = [pytest.mark.once, pytest.mark.long]
 
 CHILDREN = 1000
 ENV = {

@@ -185,16 +185,16 @@ async def _asgi_story(django_user_model: Any) -> None:
     run = await sync_to_async(wf.start)("stream.story")
     response = await client.get(reverse("pikku_django:run-stream", args=[run.id]))
     stream = response.streaming_content.__aiter__()
-    event, _ = parse(await asyncio.wait_for(stream.__anext__(), 10))
+    event, _ = parse(await asyncio.wait_for(stream.__anext__(), 60))
     assert event == "init"
     await sync_to_async(wf.cancel)(run.id)
-    event, data = parse(await asyncio.wait_for(stream.__anext__(), 10))
+    event, data = parse(await asyncio.wait_for(stream.__anext__(), 60))
     assert (event, data["status"]) == ("update", "cancelled")
-    event, _ = parse(await asyncio.wait_for(stream.__anext__(), 10))
+    event, _ = parse(await asyncio.wait_for(stream.__anext__(), 60))
     assert event == "done"
 
     second = await sync_to_async(wf.start)("stream.story")
     response = await client.get(reverse("pikku_django:run-stream", args=[second.id]))
     stream = response.streaming_content.__aiter__()
-    assert parse(await asyncio.wait_for(stream.__anext__(), 10))[0] == "init"
+    assert parse(await asyncio.wait_for(stream.__anext__(), 60))[0] == "init"
     await stream.aclose()  # the client went away mid-stream

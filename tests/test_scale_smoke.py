@@ -10,7 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import require_service
+
+#: A benchmark script's run does not depend on Django's version: the newest-Django job
+#: leaves it out.
+pytestmark = [pytest.mark.once, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parent.parent
 PG = "postgres://postgres@127.0.0.1:5432"

@@ -25,7 +25,7 @@ from pikku_django.testing.workflows import (
 )
 from pikku_django.workflows import FakeClock, WorkflowEngine, workflow
 from pikku_django.workflows.engine import ClaimedStep
-from pikku_django.workflows.step_lease import keep_step_lease
+from pikku_django.workflows.step_lease import keep_step_lease, renewal_interval_s
 from pikku_django.workflows.worker import wake_stalled_runs
 from tests.conftest import database_alias, on_databases
 
@@ -194,8 +194,11 @@ def test_renewals_never_overlap_and_come_every_half_lease(vendor: str) -> None:
     assert not overlapped
     starts = [c[0] for c in calls]
     assert len(starts) >= 3
-    gaps = [b - a for a, b in itertools.pairwise(starts)]
-    assert max(gaps) < 0.6, gaps  # never later than the lease itself
+    # Each renewal waits half a lease after the one before it has returned: they
+    # come at that cadence, never sooner (a loaded machine may make them later).
+    rests = [b[0] - a[1] for a, b in itertools.pairwise(calls)]
+    assert min(rests) >= renewal_interval_s(600) * 0.9, rests
+    assert renewal_interval_s(600) == pytest.approx(0.3)
 
 
 @on_databases(*ALL)
@@ -228,7 +231,7 @@ def test_renewal_stops_once_superseded(vendor: str) -> None:
     newer = claim(engine, run)
     assert newer is not None
     with keep_step_lease(engine, claimed) as superseded:
-        assert superseded.wait(2)
+        assert superseded.wait(60)
 
 
 @on_databases("postgres", "mariadb")

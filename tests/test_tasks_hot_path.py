@@ -282,7 +282,7 @@ def test_run_ends_are_announced_by_the_statement_that_ends_them(settings: Any) -
             if q["sql"].startswith("SELECT pg_") and RUN_DONE_CHANNEL in q["sql"]
         ]
         assert alone == []
-        heard = [n.payload for n in listener.notifies(timeout=2.0, stop_after=2)]
+        heard = [n.payload for n in listener.notifies(timeout=60, stop_after=2)]
         assert sorted(heard) == sorted([done.id, failed.id])
         statuses = {r.id: r.status for r in WorkflowRun.objects.using(alias)}
         assert statuses[uuid.UUID(done.id)] == RunStatus.COMPLETED

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from pikku_django.tasks.compat import TaskResultStatus
 from pikku_django.workflows.api import reset_engine
 from tests import test_tasks_defs as defs
 from tests.conftest import database_alias, on_databases
+from tests.test_crash_recovery import up
 from tests.test_worker import finish, wait_for, worker_process
 from tests.testapp.models import Effect
 
@@ -68,7 +68,7 @@ def test_a_task_whose_worker_is_sigkilled_completes_as_attempt_two_once(
         result.refresh()
         assert result.status == TaskResultStatus.RUNNING
         second = task_worker(alias)
-        time.sleep(2)  # the second worker is up and idle before the kill
+        wait_for(lambda: up(alias, second), 60, "the second worker to be up before the kill")
         os.kill(first.pid, signal.SIGKILL)
 
         def done() -> bool:

@@ -363,13 +363,13 @@ def test_postgres_wakes_workers_when_the_receipt_is_committed(vendor: str, setti
     conn = listener(alias)
     try:
         assert store_event(alias, new_event("n-1"), notify=True)
-        assert heard(conn, timeout=5) == 1
+        assert heard(conn, timeout=60) == 1
         assert store_event(alias, new_event("n-1"), notify=True) is False
         assert heard(conn) == 0
         with transaction.atomic(using=alias):
             assert store_event(alias, new_event("n-2"), notify=True)
             assert heard(conn) == 0
-        assert heard(conn, timeout=5) == 1
+        assert heard(conn, timeout=60) == 1
         assert store_event(alias, new_event("n-3"), notify=False)
         assert heard(conn) == 0
     finally:
@@ -387,7 +387,7 @@ def test_postgres_worker_notify_off_sends_no_notification(
         assert heard(conn) == 0
         settings.PIKKU = {"WORKFLOW_DATABASE": alias}
         assert post(client, b'{"ref": "loud"}', delivery="loud").json() == {"received": 1}
-        assert heard(conn, timeout=5) == 1
+        assert heard(conn, timeout=60) == 1
     finally:
         conn.close()
 

@@ -593,7 +593,7 @@ def test_concurrent_idempotent_starts_make_one_run(engine: WorkflowEngine, tag: 
 
     def start() -> None:
         try:
-            barrier.wait(10)
+            barrier.wait(60)
             ids.append(engine.start(defs.one_step_wf, {"tag": tag}, idempotency_key="once").id)
         except BaseException as exc:
             errors.append(exc)

@@ -29,6 +29,26 @@ def async_naps(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
     return ctx.do("nap", "testapp.async_nap", input)
 
 
+@step(name="testapp.async_gather", retries=0)
+async def async_gather(data: dict[str, Any]) -> dict[str, Any]:
+    """Notes its start in the folder ``dir``, then awaits until ``together`` steps
+    have (so that many await at once); fails if they have not within ``patience``."""
+    folder = Path(data["dir"])
+    (folder / str(data["n"])).touch()
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + data.get("patience", 60)
+    while (seen := len(list(folder.iterdir()))) < data["together"]:
+        if loop.time() > give_up:
+            raise RuntimeError(f"{seen} of {data['together']} steps awaited together")
+        await asyncio.sleep(0.05)
+    return {"n": data["n"], "pid": os.getpid(), "seen": seen}
+
+
+@workflow(name="testapp.async_gathers")
+def async_gathers(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
+    return ctx.do("gather", "testapp.async_gather", input)
+
+
 @step(name="testapp.async_block_first", retries=3)
 async def async_block_first(data: dict[str, Any]) -> dict[str, Any]:
     """Every attempt notes its start; the first then awaits for a long time, later
