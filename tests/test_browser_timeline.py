@@ -59,6 +59,12 @@ return {lanes: svg.querySelectorAll('.pikku-tl-lane').length,
 """
 
 
+@pytest.fixture
+def browser(request: Any) -> Any:
+    """Chromium, logged in to the live server's admin as a superuser."""
+    return request.getfixturevalue("superuser_browser")
+
+
 def scroll_to_timeline(browser: Any) -> None:
     browser.execute_script("document.getElementById('pikku-run-timeline').scrollIntoView()")
 
@@ -124,9 +130,8 @@ def group_run() -> WorkflowRun:
 
 @pytest.mark.django_db(transaction=True)
 def test_the_timeline_of_a_thousand_steps_and_of_a_parallel_group_in_both_themes(
-    superuser_browser: Any, tmp_path: Path
+    browser: Any, tmp_path: Path
 ) -> None:
-    browser = superuser_browser
     big, fan = big_run("default", steps=1000), group_run()
     browser.set_window_size(1400, 1000)
     try:
@@ -147,7 +152,8 @@ def test_the_timeline_of_a_thousand_steps_and_of_a_parallel_group_in_both_themes
                 if name == "thousand":
                     assert seen["lanes"] == LANES_SHOWN + 1
                     # A fixed lane height; the box scrolls, the page stays in the window.
-                    assert seen["scrolls"] and seen["boxHeight"] < seen["windowHeight"]
+                    assert seen["scrolls"]
+                    assert seen["boxHeight"] < seen["windowHeight"]
                     browser.execute_script(
                         "var box = document.querySelector('.pikku-tl-scroll');"
                         "box.scrollTop = box.scrollHeight / 2 - box.clientHeight / 2;"
