@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from selenium.webdriver.common.by import By
 from django.urls import reverse
 from django.utils import timezone
 
@@ -60,12 +61,14 @@ return {lanes: svg.querySelectorAll('.pikku-tl-lane').length,
 
 
 @pytest.fixture
-def browser(request: Any) -> Any:
-    """Chromium, logged in to the live server's admin as a superuser."""
+def browser(request: Any, live_server: Any) -> Any:
+    """Chromium, logged in to the live server's admin as a superuser (``live_server``
+    named here, so that pytest-django lets the test's requests through)."""
     return request.getfixturevalue("superuser_browser")
 
 
 def scroll_to_timeline(browser: Any) -> None:
+    assert browser.find_elements(By.ID, "pikku-run-timeline"), browser.page_source[:3000]
     browser.execute_script("document.getElementById('pikku-run-timeline').scrollIntoView()")
 
 
