@@ -114,6 +114,18 @@ def test_retries_are_bars_with_their_outcomes_and_backoff_gaps_between_them() ->
     assert "\u00d73" in lane.label  # three tries, on the lane's label
 
 
+def test_quick_retries_on_a_long_axis_stay_apart() -> None:
+    row = step(
+        1,
+        updated=3600,
+        attempts=(attempt(1, "failed", 0, 0.1), attempt(2, "succeeded", 0.2, 0.3)),
+    )
+    later = step(2, created=3600, updated=3600)
+    failed, succeeded = lane_of(layout([row, later], now=at(3600)), 1).bars
+    assert failed.width > 0
+    assert succeeded.x >= failed.x + failed.width  # the failure is not drawn under it
+
+
 def test_a_retry_still_due_shows_its_backoff_up_to_when_it_is_due() -> None:
     row = step(
         1,

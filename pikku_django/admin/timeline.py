@@ -20,6 +20,7 @@ At most :data:`LANES_SHOWN` lanes are drawn (the first and the last half of them
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -296,7 +297,19 @@ def _attempt_marks(row: StepRow, scale: Scale, now: datetime) -> tuple[list[Bar]
                 },
             )
         )
-    return [_bar(row, a, scale, now) for a in shown], marks
+    return _apart([_bar(row, a, scale, now) for a in shown]), marks
+
+
+def _apart(bars: list[Bar]) -> list[Bar]:
+    """Bars moved right just enough not to hide each other: on a long axis a quick retry
+    would otherwise be drawn under the attempt after it."""
+    out: list[Bar] = []
+    for bar in bars:
+        if out and bar.x < out[-1].x + out[-1].width + 1:
+            x = min(round(out[-1].x + out[-1].width + 1, 1), PLOT_RIGHT - bar.width)
+            bar = dataclasses.replace(bar, x=x)
+        out.append(bar)
+    return out
 
 
 def _due(at: datetime, scale: Scale, text: str) -> Mark:
