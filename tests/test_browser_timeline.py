@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from selenium.webdriver.common.by import By
 from django.urls import reverse
 from django.utils import timezone
 
@@ -38,6 +37,11 @@ from tests.test_browser_operator import (  # noqa: F401 - the fixtures
     shot,
     superuser_browser,
 )
+
+try:
+    from selenium.webdriver.common.by import By
+except ImportError:  # pragma: no cover - the driver fixture skips
+    By = None
 
 #: What the timeline draws, as the browser paints it.
 READ_TIMELINE = """
