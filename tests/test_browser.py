@@ -264,6 +264,36 @@ def test_the_run_page_follows_the_run_live(browser: Any) -> None:
     assert browser.execute_script("return window.pikkuSamePage") == "yes", "the page reloaded"
 
 
+#: The statuses of the timeline's lanes, top to bottom.
+READ_TIMELINE = """
+var lanes = document.querySelectorAll('#pikku-run-timeline .pikku-tl-lane');
+return Array.from(lanes).map(function (lane) { return lane.getAttribute('data-status'); });
+"""
+
+
+def timeline_lanes(d: Any) -> list[str]:
+    return list(d.execute_script(READ_TIMELINE))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_timeline_follows_the_run(browser: Any) -> None:
+    wf = engine()
+    run = wf.start("browser.story", {"items": 3})
+    open_run_page(browser, run.id)
+    wait_for(browser, "live state", live_state, "live")
+    assert timeline_lanes(browser) == []
+    assert not browser.find_element(By.ID, "pikku-run-timeline").is_displayed()
+    wf.run_until_idle()  # the queued step runs; the sleep starts
+    wait_for(browser, "timeline", timeline_lanes, ["succeeded", "scheduled"])
+    assert browser.find_element(By.ID, "pikku-run-timeline").is_displayed()
+    wf.clock.advance(61)
+    wf.run_until_idle()  # the sleep is over; the run suspends
+    wait_for(browser, "timeline", timeline_lanes, ["succeeded", "succeeded", "suspended"])
+    marks = browser.find_elements(By.CSS_SELECTOR, "#pikku-run-timeline [data-mark]")
+    assert {m.get_attribute("data-mark") for m in marks} >= {"sleep", "approval"}
+    assert browser.execute_script("return window.pikkuSamePage") == "yes", "the page reloaded"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_without_javascript_the_server_rendered_page_is_still_there(browser: Any) -> None:
     wf = engine()

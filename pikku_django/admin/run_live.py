@@ -1,7 +1,8 @@
 """The parts of a run's page that follow its state, drawn by the server alone.
 
-The run page's buttons (Cancel, Resume, Retry), its Delete link and its tree of parent
-and child runs depend on the run's status and on what the user may do. The page draws
+The run page's buttons (Cancel, Resume, Retry), its Delete link, its tree of parent
+and child runs and its timeline of steps depend on the run's state and on what the
+user may do. The page draws
 them from :meth:`RunLivePartsMixin.live_parts_context`, and so does
 ``<run>/live/``, which run_live.js fetches each time the status stream reports a
 change and swaps in: which parts a run in a given state offers is decided here, in
@@ -11,6 +12,7 @@ Python, once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from django.contrib.admin.options import IS_POPUP_VAR
@@ -21,9 +23,9 @@ from django.urls import URLPattern, path, reverse
 from django.views.decorators.http import require_GET
 
 from pikku_django.admin.formatting import workflow_database
-from pikku_django.admin.run_page import family
+from pikku_django.admin.run_page import family, load_steps, timeline_chart
 from pikku_django.admin.steering import RunSteeringMixin
-from pikku_django.models import WorkflowRun
+from pikku_django.models import WorkflowRun, WorkflowStep
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +49,18 @@ class RunLivePartsMixin(RunSteeringMixin):
             current_app=self.admin_site.name,
         )
 
-    def live_parts_context(self, request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
-        """What the run page's state-dependent parts are drawn from, for this user."""
-        tree = family(run, workflow_database())
+    def live_parts_context(
+        self,
+        request: HttpRequest,
+        run: WorkflowRun,
+        steps: Sequence[WorkflowStep] | None = None,
+    ) -> dict[str, Any]:
+        """What the run page's state-dependent parts are drawn from, for this user
+        (``steps``: the run's, as :func:`load_steps` read them, if the page did already)."""
+        using = workflow_database()
+        tree = family(run, using)
+        if steps is None:
+            steps = load_steps(run, using)
         return {
             "opts": self.opts,
             "original": run,
@@ -57,6 +68,7 @@ class RunLivePartsMixin(RunSteeringMixin):
             "pikku_can_delete": self.has_delete_permission(request, run),
             "pikku_tree": tree.html,
             "pikku_tree_live": tree.live,
+            "pikku_chart": timeline_chart(run, steps),
             "pikku_live_parts_url": self.live_parts_url(run),
         }
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
@@ -19,6 +21,7 @@ from pikku_django.admin.formatting import (
     workflow_title,
 )
 from pikku_django.admin.parallel_lanes import ParallelLanes, parallel_lanes
+from pikku_django.admin.timeline import Chart, layout, step_rows
 from pikku_django.dbclock import store_now_ms
 from pikku_django.models import StepAttempt, StepKind, WorkflowRun, WorkflowStep
 
@@ -97,15 +100,30 @@ def child_link(child: WorkflowRun) -> SafeString:
     )
 
 
-def build_timeline(run: WorkflowRun, using: str) -> list[TimelineEntry]:
-    """The run's steps in the order the workflow reached them, each with its attempts."""
-    steps = list(
+def load_steps(run: WorkflowRun, using: str) -> list[WorkflowStep]:
+    """The run's steps by id, their child runs joined and their attempts prefetched:
+    one query for each of the three tables, however many steps the run has."""
+    return list(
         WorkflowStep.objects.using(using)
         .filter(run_id=run.pk)
         .select_related("child_run")
         .prefetch_related("attempts")
         .order_by("id")
     )
+
+
+def timeline_chart(run: WorkflowRun, steps: Sequence[WorkflowStep]) -> Chart | None:
+    """The run's steps on a time axis, as of now (see :mod:`pikku_django.admin.timeline`)."""
+    return layout(step_rows(steps), timezone.now(), start=run.created_at)
+
+
+def build_timeline(
+    run: WorkflowRun, using: str, steps: Sequence[WorkflowStep] | None = None
+) -> list[TimelineEntry]:
+    """The run's steps in the order the workflow reached them, each with its attempts
+    (``steps``: as :func:`load_steps` read them, if it did already)."""
+    if steps is None:
+        steps = load_steps(run, using)
     now = store_now_ms(using) if any(s.lease_expires_at is not None for s in steps) else None
     branches: dict[int, list[WorkflowStep]] = {}
     for step in steps:
@@ -251,4 +269,13 @@ def family(run: WorkflowRun, using: str) -> Family:
     return Family(html, live=_others_live(tree, run))
 
 
-__all__ = ["Family", "TimelineEntry", "build_timeline", "family", "run_tree", "tree_html"]
+__all__ = [
+    "Family",
+    "TimelineEntry",
+    "build_timeline",
+    "family",
+    "load_steps",
+    "run_tree",
+    "timeline_chart",
+    "tree_html",
+]

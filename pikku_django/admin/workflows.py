@@ -56,7 +56,7 @@ from pikku_django.admin.queues_page import QueuesPageMixin
 from pikku_django.admin.run_events import events_table, published_block
 from pikku_django.admin.run_list import RunListMixin
 from pikku_django.admin.run_live import RunLivePartsMixin
-from pikku_django.admin.run_page import build_timeline
+from pikku_django.admin.run_page import build_timeline, load_steps
 from pikku_django.admin.steering import Operation
 from pikku_django.admin.steps import (
     ADMIN_CSS,
@@ -352,9 +352,10 @@ class WorkflowRunAdmin(
     ) -> Any:
         if obj is not None:
             using = workflow_database()
-            context["pikku_timeline"] = build_timeline(obj, using)
+            steps = load_steps(obj, using)
+            context["pikku_timeline"] = build_timeline(obj, using, steps)
             context["pikku_stream_url"] = run_stream_url(obj)
-            context.update(self.live_parts_context(request, obj))
+            context.update(self.live_parts_context(request, obj, steps))
             context["pikku_title"] = title = workflow_title(obj.workflow, obj.idempotency_key)
             context["subtitle"] = f"{title} {obj.pk}"  # the window's title: no status to go stale
             context["pikku_badge"] = status_badge(

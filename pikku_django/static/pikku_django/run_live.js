@@ -14,11 +14,12 @@
  * reaches them after the page was drawn (what the server drew is kept).
  *
  * The parts of the page that follow the run's state (its Cancel, Resume and
- * Retry buttons, its Delete link, its tree of parent and child runs) are drawn
+ * Retry buttons, its Delete link, its tree of parent and child runs, its
+ * timeline of steps) are drawn
  * by the server alone: after each frame the page fetches them again from the
  * panel's data-parts-url (the admin's <run>/live/, for this user) and swaps each
- * in by its id (a part that did not change is left alone); data-parts counts
- * the answers. While another run of the tree is unfinished (the tree's
+ * in by its id (a part that did not change is left alone; the timeline keeps
+ * where it was scrolled to); data-parts counts the answers. While another run of the tree is unfinished (the tree's
  * data-live), whose changes the stream does not report, they are fetched every
  * data-family-refresh seconds (default 10) as well.
  *
@@ -118,11 +119,20 @@
     function swapParts(html) {
       var doc = new window.DOMParser().parseFromString(html, "text/html");
       swapItems(doc);
-      ["pikku-family", "pikku-run-submit"].forEach(function (id) {
+      ["pikku-family", "pikku-run-timeline", "pikku-run-submit"].forEach(function (id) {
         var part = doc.getElementById(id);
         var here = $(id);
         if (part && here && part.outerHTML !== here.outerHTML) {
-          here.parentNode.replaceChild(document.importNode(part, true), here);
+          var fresh = document.importNode(part, true);
+          var scrolled = here.querySelector(".pikku-tl-scroll");
+          var top = scrolled ? scrolled.scrollTop : 0;
+          var left = scrolled ? scrolled.scrollLeft : 0;
+          here.parentNode.replaceChild(fresh, here);
+          var scroll = fresh.querySelector(".pikku-tl-scroll");
+          if (scroll) {
+            scroll.scrollTop = top;
+            scroll.scrollLeft = left;
+          }
         }
       });
       swaps += 1;
