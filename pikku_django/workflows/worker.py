@@ -350,13 +350,18 @@ class Worker:
         # cancelled) must not make it spin. What fell due during the look, after it
         # began, is looked for again at once, not a whole poll later.
         due = self.engine.store.next_due(since, self.queues)
-        waits = [self.cadence.interval(), self.intakes.next_look() - time.monotonic()]
-        if due.lapse_in_ms is not None:
+        waits = [self.cadence.interval()]
+        next_look = self.intakes.next_look()
+        if next_look != float("-inf"):  # before the first look, ``waiting`` asks for one
+            # A look already overdue (this thread's look took a while) is due at once:
+            # 0, not left out, or the thread would sleep a whole poll past it.
+            waits.append(max(next_look - time.monotonic(), 0.0))
+        if due.lapse_in_ms is not None and due.lapse_in_ms >= 0:
             waits.append(due.lapse_in_ms / 1000)
         for at in (due.step_due, due.run_due):
             if at is not None:
                 waits.append(max((at - now).total_seconds(), 0.0))
-        return min(w for w in waits if w >= 0) + 0.005
+        return min(waits) + 0.005
 
     def _all_idle(self, index: int) -> bool:
         with self._lock:
