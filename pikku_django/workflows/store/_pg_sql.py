@@ -16,6 +16,7 @@ from pikku_django.leases.sql import PostgreSQLLeaseSQL
 from pikku_django.models import (
     CLAIMABLE_STATUSES,
     QueueClaim,
+    QueuePause,
     RunStatus,
     StepAttempt,
     StepKind,
@@ -40,6 +41,14 @@ def _c(model: type[Any], name: str) -> str:
 
 #: Tables and the columns the statements use, by their model names.
 RUNS, STEPS, ATTEMPTS = _t(WorkflowRun), _t(WorkflowStep), _t(StepAttempt)
+
+
+def not_paused(queue: str) -> str:
+    """The condition that the queue ``queue`` (an SQL expression) is not paused: every
+    claim of a queued step has it, in the statement that takes the step."""
+    column = _c(QueuePause, "queue")
+    return f"NOT EXISTS (SELECT 1 FROM {_t(QueuePause)} qp WHERE qp.{column} = {queue})"
+
 
 #: The columns of a new step, as :class:`NewStep` names them.
 NEW_STEP_FIELDS = (
@@ -139,8 +148,10 @@ def _ready_exists(queue: str, *, fresh: bool = True) -> str:
     even a generic plan takes the index."""
     kind = f"{_c(WorkflowStep, 'kind')} = '{StepKind.QUEUED}'"
     branches = _ready_branches() if fresh else _ready_branches()[1:]
+    unpaused = not_paused(f"{STEPS}.{_c(WorkflowStep, 'queue')}")
     return "SELECT " + " OR ".join(
-        f"EXISTS (SELECT 1 FROM {STEPS} WHERE {kind} AND {cond}{queue} ORDER BY {order} LIMIT 1)"
+        f"EXISTS (SELECT 1 FROM {STEPS} WHERE {kind} AND {cond}{queue} AND {unpaused} "
+        f"ORDER BY {order} LIMIT 1)"
         for cond, order in branches
     )
 
@@ -186,10 +197,11 @@ def _fresh_from(fresh_on: bool, excluding: bool = True) -> str:
     served = f" AND {s('queue')} = ANY(%s)" if fresh_on else ""
     left_out = f" AND NOT {s('queue')} = ANY(%s)" if excluding else ""
     claimable = ", ".join(f"'{status}'" for status in CLAIMABLE_STATUSES)
+    unpaused = not_paused(f"{STEPS}.{s('queue')}")
     return (
         f"FROM {STEPS} WHERE {s('kind')} = '{StepKind.QUEUED}' AND "
         f"{_ready_branches()[0][0]}{served}{left_out} "
-        f"AND {s('status')} IN ({claimable}) "
+        f"AND {s('status')} IN ({claimable}) AND {unpaused} "
         f"AND (SELECT run.{r('id')} FROM {RUNS} run WHERE run.{r('id')} = {STEPS}.{s('run_id')} "
         f"AND run.{r('status')} = '{RunStatus.RUNNING}' AND NOT run.{r('inline')} LIMIT 1) "
         f"IS NOT NULL"
