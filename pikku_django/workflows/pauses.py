@@ -70,11 +70,12 @@ class QueuePauseResult:
     """The outcome of :func:`pause_queue` or :func:`resume_queue`: what changed, the
     pause in force afterwards (None once resumed), and whether every claim begun
     before a new pause committed had ended when it returned (see
-    :data:`SETTLE_SECONDS`)."""
+    :data:`SETTLE_SECONDS`; None where the pause commits with the caller's
+    transaction, and is waited for as that commits)."""
 
     change: PauseChange
     pause: PausedQueue | None
-    settled: bool = True
+    settled: bool | None = True
 
 
 def _database(using: str | None) -> str:
@@ -120,7 +121,7 @@ def pause_queue(
     logger.info("Queue %r paused by %s: %s", queue, paused_by or "-", reason or "-")
     if connections[alias].in_atomic_block:
         transaction.on_commit(lambda: _settle(alias), using=alias)
-        return QueuePauseResult(PauseChange.PAUSED, pause, settled=False)
+        return QueuePauseResult(PauseChange.PAUSED, pause, settled=None)
     return QueuePauseResult(PauseChange.PAUSED, pause, settled=_settle(alias))
 
 
@@ -163,8 +164,10 @@ def _settle(using: str) -> bool:
     elif connection.vendor == "mysql":
         since_sql = "SELECT NOW()"
         left_sql = (
-            "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
-            "WHERE trx_mysql_thread_id <> CONNECTION_ID() AND trx_started <= %s"
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX t "
+            "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+            "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() AND p.DB = DATABASE() "
+            "AND t.trx_started <= %s"
         )
     else:
         return True

@@ -112,7 +112,7 @@ class Command(BaseCommand):
         if result.change is PauseChange.ALREADY_PAUSED and pause is not None:
             line += f" since {pause.paused_at.isoformat(timespec='seconds')}"
             line += f" by {shown(pause.paused_by or EMPTY)}"
-        if result.change is PauseChange.PAUSED and not result.settled:
+        if result.change is PauseChange.PAUSED and result.settled is False:
             line += " (claims begun before the pause were still open when it returned)"
         return line
 
