@@ -143,8 +143,8 @@ def claim_due_runs_sql(leased: bool = False) -> str:
 
 
 def _ready_exists(queue: str, *, fresh: bool = True) -> str:
-    """Whether a queued step is ready (without ``fresh``: a due retry or a lapsed
-    claim): one EXISTS per branch, each read in its partial index's order, so that
+    """Whether a queued step of a queue not paused is ready (without ``fresh``: a due
+    retry or a lapsed claim): one EXISTS per branch, each read in its partial index's order, so that
     even a generic plan takes the index."""
     kind = f"{_c(WorkflowStep, 'kind')} = '{StepKind.QUEUED}'"
     branches = _ready_branches() if fresh else _ready_branches()[1:]
@@ -178,7 +178,8 @@ NO_CAP = 2**63 - 1
 
 
 def _fresh_from(fresh_on: bool, excluding: bool = True) -> str:
-    """FROM and WHERE of the ready steps not attempted yet, of running worker runs:
+    """FROM and WHERE of the ready steps not attempted yet, of running worker runs, on
+    queues not paused:
     parameters now, the queues served (``fresh_on``) and the queues left out
     (``excluding``; without, the form a generic plan estimates well: the planner
     guesses that ``<> ALL`` of an unknown array leaves almost no step of a queue).

@@ -340,8 +340,8 @@ class WorkflowStore(FreshClaims, ChainedWrites, abc.ABC):
     def lock_ready_steps(
         self, now: datetime, queues: Sequence[str], limit: int, full: Sequence[str] = ()
     ) -> list[WorkflowStep]:
-        """Ready queued steps of running worker runs (none of the queues ``full``),
-        in the claim order, locked for the caller's transaction (others skipped),
+        """Ready queued steps of running worker runs (none of the queues ``full``,
+        nor of a paused queue), in the claim order, locked for the caller's transaction (others skipped),
         with ``store_now`` (epoch ms) on each."""
 
     @abc.abstractmethod
@@ -372,7 +372,8 @@ class WorkflowStore(FreshClaims, ChainedWrites, abc.ABC):
 
     @abc.abstractmethod
     def work_pending(self, until: datetime, queues: Sequence[str]) -> bool:
-        """Whether a run is due, or a queued step ready or running, by ``until``."""
+        """Whether a run is due, or a queued step (of a queue not paused) ready or
+        running, by ``until``."""
 
     # -- runs --------------------------------------------------------------------------
 
