@@ -148,41 +148,45 @@ def paused_queues(using: str | None = None) -> list[PausedQueue]:
     return [PausedQueue.of(row) for row in rows]
 
 
+#: The transactions open on the connection's database but its own, by vendor: each
+#: row names one (a process and when its transaction began, or InnoDB's id for it).
+_OPEN_TRANSACTIONS = {
+    "postgresql": (
+        "SELECT pid, xact_start FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
+        "AND xact_start IS NOT NULL AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)"
+    ),
+    "mysql": (
+        "SELECT t.trx_id, t.trx_mysql_thread_id, t.trx_started "
+        "FROM information_schema.INNODB_TRX t "
+        "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+        "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() AND p.DB = DATABASE()"
+    ),
+}
+
+
 def _settle(using: str) -> bool:
-    """Wait until the transactions begun before now on ``using`` (other than this
-    connection's) have ended, up to :data:`SETTLE_SECONDS`: a claim that read the
-    pause table before the pause committed commits before this returns. Whether
-    they all had (SQLite, whose writers take turns, needs no wait)."""
+    """Wait until the transactions open on ``using``'s database as this is called
+    (other than this connection's) have ended, up to :data:`SETTLE_SECONDS`: a claim
+    that read the pause table before the pause committed commits before this returns.
+    Whether they all had (SQLite, whose writers take turns, needs no wait)."""
     connection = connections[using]
-    if connection.vendor == "postgresql":
-        since_sql = "SELECT clock_timestamp()"
-        left_sql = (
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid() AND xact_start < %s "
-            "AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)"
-        )
-    elif connection.vendor == "mysql":
-        since_sql = "SELECT NOW()"
-        left_sql = (
-            "SELECT COUNT(*) FROM information_schema.INNODB_TRX t "
-            "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
-            "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() AND p.DB = DATABASE() "
-            "AND t.trx_started <= %s"
-        )
-    else:
+    sql = _OPEN_TRANSACTIONS.get(connection.vendor)
+    if sql is None:
         return True
     deadline = time.monotonic() + SETTLE_SECONDS
     try:
         with connection.cursor() as cursor:
-            cursor.execute(since_sql)
-            since = cursor.fetchone()[0]
-            while True:
-                cursor.execute(left_sql, [since])
-                if not cursor.fetchone()[0]:
-                    return True
+            cursor.execute(sql)
+            waited = {tuple(row) for row in cursor.fetchall()}
+            while waited:
                 if time.monotonic() >= deadline:
                     break
                 time.sleep(0.01)
+                cursor.execute(sql)
+                waited &= {tuple(row) for row in cursor.fetchall()}
+            else:
+                return True
     except DatabaseError:
         logger.warning(
             "Could not see the transactions in flight on %r (on MariaDB this needs the "

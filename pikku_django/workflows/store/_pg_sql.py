@@ -143,15 +143,14 @@ def claim_due_runs_sql(leased: bool = False) -> str:
 
 
 def _ready_exists(queue: str, *, fresh: bool = True) -> str:
-    """Whether a queued step of a queue not paused is ready (without ``fresh``: a due
-    retry or a lapsed claim): one EXISTS per branch, each read in its partial index's order, so that
+    """Whether a queued step is ready (without ``fresh``: a due retry or a lapsed
+    claim), paused queues' too (the claims leave those, and the look stays on its
+    indexes alone): one EXISTS per branch, each read in its partial index's order, so that
     even a generic plan takes the index."""
     kind = f"{_c(WorkflowStep, 'kind')} = '{StepKind.QUEUED}'"
     branches = _ready_branches() if fresh else _ready_branches()[1:]
-    unpaused = not_paused(f"{STEPS}.{_c(WorkflowStep, 'queue')}")
     return "SELECT " + " OR ".join(
-        f"EXISTS (SELECT 1 FROM {STEPS} WHERE {kind} AND {cond}{queue} AND {unpaused} "
-        f"ORDER BY {order} LIMIT 1)"
+        f"EXISTS (SELECT 1 FROM {STEPS} WHERE {kind} AND {cond}{queue} ORDER BY {order} LIMIT 1)"
         for cond, order in branches
     )
 

@@ -341,8 +341,8 @@ class WorkflowStore(FreshClaims, ChainedWrites, abc.ABC):
         self, now: datetime, queues: Sequence[str], limit: int, full: Sequence[str] = ()
     ) -> list[WorkflowStep]:
         """Ready queued steps of running worker runs (none of the queues ``full``,
-        nor of a paused queue), in the claim order, locked for the caller's transaction (others skipped),
-        with ``store_now`` (epoch ms) on each."""
+        nor of a paused queue), in the claim order, locked for the caller's
+        transaction (others skipped), with ``store_now`` (epoch ms) on each."""
 
     @abc.abstractmethod
     def limited_claim(self, queues: Sequence[str]) -> AbstractContextManager[Any]:
