@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, QuerySet, Subquery
 
-from pikku_django.models import QueuePause
+from pikku_django.models import QueuePause, WorkflowStep
 
 #: Seconds a process keeps its look at the paused queues before reading them again.
 PAUSED_LOOK_SECONDS = 5.0
@@ -22,6 +22,16 @@ PAUSED_LOOK_SECONDS = 5.0
 def paused(using: str) -> Exists:
     """True for a step (or row with a ``queue``) whose queue is paused (``OuterRef``)."""
     return Exists(QueuePause.objects.using(using).filter(queue=OuterRef("queue")))
+
+
+def without_paused(steps: QuerySet[WorkflowStep], using: str) -> QuerySet[WorkflowStep]:
+    """``steps`` but those of paused queues, each step's queue looked up by the pause
+    table's unique index as it is read: a LIMITed scalar subquery, which the planner
+    never makes a join (a NOT EXISTS may become an anti join that reads a whole
+    backlog rather than the claim order's first steps)."""
+    pause = QueuePause.objects.using(using).filter(queue=OuterRef("queue"))
+    first = pause.order_by().values("id")[:1]
+    return steps.alias(queue_paused=Subquery(first)).filter(queue_paused__isnull=True)
 
 
 class PausedLook:

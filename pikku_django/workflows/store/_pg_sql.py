@@ -45,9 +45,12 @@ RUNS, STEPS, ATTEMPTS = _t(WorkflowRun), _t(WorkflowStep), _t(StepAttempt)
 
 def not_paused(queue: str) -> str:
     """The condition that the queue ``queue`` (an SQL expression) is not paused: every
-    claim of a queued step has it, in the statement that takes the step."""
+    claim of a queued step has it, in the statement that takes the step. A LIMITed
+    scalar subquery, looked up by the table's unique index for each step read: the
+    planner never makes it a join (a NOT EXISTS may become an anti join that reads
+    the whole backlog instead of the claim order's first steps)."""
     column = _c(QueuePause, "queue")
-    return f"NOT EXISTS (SELECT 1 FROM {_t(QueuePause)} qp WHERE qp.{column} = {queue})"
+    return f"(SELECT 1 FROM {_t(QueuePause)} qp WHERE qp.{column} = {queue} LIMIT 1) IS NULL"
 
 
 #: The columns of a new step, as :class:`NewStep` names them.

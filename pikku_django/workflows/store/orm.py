@@ -26,7 +26,7 @@ from pikku_django.models import (
     WorkflowRun,
     WorkflowStep,
 )
-from pikku_django.workflows._pauses import paused, paused_look
+from pikku_django.workflows._pauses import paused, paused_look, without_paused
 from pikku_django.workflows._values import DueRun, NewStep, NextDue, Settled, Wake
 from pikku_django.workflows.store.base import CHANNEL, NewRun, WorkflowStore
 
@@ -317,7 +317,7 @@ class OrmStore(WorkflowStore):
     def lock_ready_steps(
         self, now: datetime, queues: Sequence[str], limit: int, full: Sequence[str] = ()
     ) -> list[WorkflowStep]:
-        steps = self._queued(queues).exclude(paused(self.using))
+        steps = without_paused(self._queued(queues), self.using)
         if full:
             steps = steps.exclude(queue__in=list(full))
         # Read in claim order off pikku_step_claim_order (whose condition is repeated
