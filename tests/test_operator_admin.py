@@ -423,7 +423,7 @@ def test_the_dashboard_reads_a_loaded_database_in_a_bounded_number_of_queries(
         ours = [q["sql"] for q in queries.captured_queries if "pikku_" in q["sql"]]
         counts.append(len(ours))
     assert counts[0] == counts[1]  # the same statements, whatever the data
-    assert counts[1] <= 9, ours
+    assert counts[1] <= 10, ours  # 9, and the paused queues
 
 
 @on_databases("sqlite", "postgres", "mariadb")

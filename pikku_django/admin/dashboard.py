@@ -112,6 +112,10 @@ def panel_context(figures: Figures) -> dict[str, Any]:
                 "running": q.running,
                 "waiting": q.waiting,
                 "oldest_wait": format_duration(q.oldest_wait(now)) if q.oldest_ready else "-",
+                "pause": figures.pauses.get(q.queue),
+                "paused_since": format_duration(now - figures.pauses[q.queue].paused_at)
+                if q.queue in figures.pauses
+                else "",
                 "running_url": changelist(
                     "workflowstep", queue=q.queue, status__exact=StepStatus.RUNNING
                 ),

@@ -1,8 +1,9 @@
-"""The queues page: per queue what runs, what waits, and its limits; per concurrency
-key its runs in progress and waiting.
+"""The queues page: per queue what runs, what waits, its limits and whether it is
+paused; per concurrency key its runs in progress and waiting.
 
 It lives at ``<admin>/pikku_django/workflowrun/queues/`` (linked from the runs list
-and the dashboard) for users who may view workflow runs.
+and the dashboard) for users who may view workflow runs; its Pause and Resume
+buttons (see :mod:`pikku_django.admin.queue_pauses`) are for those who may change them.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from pikku_django.admin._typing import AdminMixin
 from pikku_django.admin.dashboard import changelist
 from pikku_django.admin.formatting import EMPTY, format_duration, workflow_database
+from pikku_django.admin.queue_pauses import QueuePausesMixin
 from pikku_django.dbclock import store_now_ms
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows._rates import recent_claims
 from pikku_django.workflows.config import engine_config
+from pikku_django.workflows.pauses import PausedQueue, paused_queues
 from pikku_django.workflows.store import store_for
 
 #: The most concurrency keys the page lists (those waiting longest first).
@@ -46,6 +48,15 @@ class QueueRow:
     lease: str
     running_url: str
     waiting_url: str
+    #: The queue's pause, or None while it is not paused.
+    pause: PausedQueue | None = None
+
+    @property
+    def paused_since(self) -> str:
+        """How long the queue has been paused (empty when it is not)."""
+        if self.pause is None:
+            return ""
+        return format_duration(timezone.now() - self.pause.paused_at)
 
 
 @dataclass(frozen=True)
@@ -80,8 +91,9 @@ def queue_rows(using: str) -> list[QueueRow]:
             oldest=Min("available_at", filter=ready),
         )
     }
+    pauses = {pause.queue: pause for pause in paused_queues(using)}
     rows = []
-    for name in sorted(set(counted) | set(config.queues)):
+    for name in sorted(set(counted) | set(config.queues) | set(pauses)):
         found: Mapping[str, Any] = counted.get(name, {})
         declared = config.queues.get(name)
         rate = declared.rate if declared is not None else None
@@ -105,6 +117,7 @@ def queue_rows(using: str) -> list[QueueRow]:
                 lease=format_duration(timedelta(milliseconds=config.lease_ms_for_queue(name))),
                 running_url=changelist("workflowstep", queue=name, status__exact="running"),
                 waiting_url=changelist("workflowstep", queue=name, status__exact="scheduled"),
+                pause=pauses.get(name),
             )
         )
     return rows
@@ -138,7 +151,7 @@ def key_rows(using: str) -> list[KeyRow]:
     ]
 
 
-class QueuesPageMixin(AdminMixin):
+class QueuesPageMixin(QueuePausesMixin):
     """Adds the queues page to the runs' admin."""
 
     queues_template = "admin/pikku_django/queues.html"
@@ -165,5 +178,6 @@ class QueuesPageMixin(AdminMixin):
             "pikku_queues": queue_rows(using),
             "pikku_keys": key_rows(using),
             "pikku_keys_shown": KEYS_SHOWN,
+            "pikku_can_pause": self.has_pause_permission(request),
         }
         return TemplateResponse(request, self.queues_template, context)

@@ -21,6 +21,7 @@ from pikku_django.models import (
     WorkflowRun,
     WorkflowStep,
 )
+from pikku_django.workflows.pauses import PausedQueue, paused_queues
 
 #: The dashboard's window and its resolution.
 WINDOW = timedelta(hours=24)
@@ -82,6 +83,8 @@ class Figures:
     queues: list[QueueLoad]
     workers: list[WorkerHeartbeat]
     stuck: list[WorkflowRun] = field(default_factory=list)
+    #: The paused queues, by name.
+    pauses: dict[str, PausedQueue] = field(default_factory=dict)
 
 
 def per_minute(rows: QuerySet[Any, Any], since: datetime, buckets: int) -> list[int]:
@@ -150,6 +153,9 @@ def collect(using: str, *, now: datetime | None = None) -> Figures:
     for queue_ready in ready:
         loads[queue_ready["queue"]]["waiting"] = queue_ready["n"]
         loads[queue_ready["queue"]]["oldest_ready"] = queue_ready["oldest"]
+    pauses = {pause.queue: pause for pause in paused_queues(using)}
+    for name in pauses:
+        loads.setdefault(name, {})  # a paused queue is shown, whatever it holds
     queues = [QueueLoad(name, **values) for name, values in sorted(loads.items())]  # type: ignore[arg-type]
 
     stuck = list(
@@ -166,4 +172,5 @@ def collect(using: str, *, now: datetime | None = None) -> Figures:
         queues=queues,
         workers=list(recent_workers(using=using, now=now)),
         stuck=stuck,
+        pauses=pauses,
     )

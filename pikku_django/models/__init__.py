@@ -4,6 +4,7 @@ from pikku_django.models.events import WorkflowEvent
 from pikku_django.models.heartbeats import WorkerHeartbeat
 from pikku_django.models.leases import Lease
 from pikku_django.models.limits import QueueClaim
+from pikku_django.models.pauses import QueuePause
 from pikku_django.models.schedules import MissedTicks, Schedule, ScheduleOrigin
 from pikku_django.models.webhooks import (
     CredentialValue,
@@ -33,6 +34,7 @@ __all__ = [
     "Lease",
     "MissedTicks",
     "QueueClaim",
+    "QueuePause",
     "RunStatus",
     "Schedule",
     "ScheduleOrigin",

@@ -58,6 +58,14 @@ from pikku_django.workflows.intake import (
     start_waiting_runs,
     unregister_intake,
 )
+from pikku_django.workflows.pauses import (
+    PauseChange,
+    PausedQueue,
+    QueuePauseResult,
+    pause_queue,
+    paused_queues,
+    resume_queue,
+)
 from pikku_django.workflows.queues import QueueSettings, Rate
 from pikku_django.workflows.registry import PRIORITY_MAX, PRIORITY_MIN, step, workflow
 from pikku_django.workflows.status import RunSnapshot
@@ -81,6 +89,9 @@ __all__ = [
     "NotSerializableError",
     "Outcome",
     "ParallelGroup",
+    "PauseChange",
+    "PausedQueue",
+    "QueuePauseResult",
     "QueueSettings",
     "Rate",
     "RunExchange",
@@ -114,8 +125,11 @@ __all__ = [
     "aworkflow_status",
     "cancel_workflow",
     "get_engine",
+    "pause_queue",
+    "paused_queues",
     "published_values",
     "register_intake",
+    "resume_queue",
     "resume_workflow",
     "retry_workflow",
     "send_event",

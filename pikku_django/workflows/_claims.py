@@ -87,9 +87,13 @@ class Claims:
             )
         return self.decide(step, lease_ms, default_worker_id())
 
-    def decide(self, step: WorkflowStep, lease_ms: int, worker: str) -> ClaimedStep | None:
+    def decide(
+        self, step: WorkflowStep, lease_ms: int, worker: str, *, pausable: bool = True
+    ) -> ClaimedStep | None:
         """The claim decision for ``step`` (read with ``store_now``), made by one
-        guarded UPDATE: the claim, or None."""
+        guarded UPDATE: the claim, or None. A queued step of a paused queue is not
+        claimed, unless not ``pausable`` (an inline run's, which its caller drives)."""
+        pausable = pausable and step.kind == StepKind.QUEUED
         status, attempt = step.status, step.attempt
         exhausted = attempt >= step.attempts_allowed
         if status in (StepStatus.SUCCEEDED, StepStatus.SUSPENDED):
@@ -104,7 +108,9 @@ class Claims:
             if exhausted:
                 self._fail_lease_expired(step, lapsed)
                 return None
-            return self.new_attempt(step, lapsed, lease_ms=lease_ms, worker=worker)
+            return self.new_attempt(
+                step, lapsed, lease_ms=lease_ms, worker=worker, pausable=pausable
+            )
         due = step.available_at
         if due is not None and due > self.clock.now():
             return None  # a retry (or a re-drive) waits for its delay, on every route
@@ -112,15 +118,21 @@ class Claims:
             return None
         # failed with an attempt left, pending or scheduled
         return self.new_attempt(
-            step, Q(status=status, attempt=attempt), lease_ms=lease_ms, worker=worker
+            step,
+            Q(status=status, attempt=attempt),
+            lease_ms=lease_ms,
+            worker=worker,
+            pausable=pausable,
         )
 
     def new_attempt(
-        self, step: WorkflowStep, guard: Q, *, lease_ms: int, worker: str
+        self, step: WorkflowStep, guard: Q, *, lease_ms: int, worker: str, pausable: bool = False
     ) -> ClaimedStep | None:
         lease_ms = capped_lease_ms(lease_ms, step.timeout)
         claimed_at = time.monotonic()  # before the claim: the worker's deadline is never late
-        started = self.store.claim_attempt(step, guard, lease_ms=lease_ms, worker=worker)
+        started = self.store.claim_attempt(
+            step, guard, lease_ms=lease_ms, worker=worker, pausable=pausable
+        )
         if started is None:
             return None
         reclaimed = step.status == StepStatus.RUNNING

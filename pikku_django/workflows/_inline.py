@@ -118,7 +118,10 @@ class InlineDriver:
             did = self._tree_state(tree) != before
         for step in self.store.ready_steps_of(tree, self.clock.now()):
             claimed = self.claims.decide(
-                step, self.claims.config.lease_ms_for_queue(step.queue), default_worker_id()
+                step,
+                self.claims.config.lease_ms_for_queue(step.queue),
+                default_worker_id(),
+                pausable=False,  # this caller drives its inline run: no worker claims it
             )
             if claimed is not None:
                 self.execution.execute_step(claimed)

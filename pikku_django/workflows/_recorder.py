@@ -106,6 +106,8 @@ class StepRecorder:
             and self.claimer.takes(options)
             # A limited queue's steps are claimed where its limits are counted.
             and not self.config.is_limited(options.queue)
+            # A paused queue's wait (the claim checks the pause; this spares its refusal).
+            and (isinstance(self.store, _Refused) or not self.store.queue_paused(options.queue))
         )
 
     def _cached_options(self, fn: str | Callable[..., Any]) -> StepOptions | None:

@@ -149,4 +149,12 @@ def keyed_slow(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
     return ctx.do("slow", "testapp.slow", input)
 
 
+@workflow(name="testapp.slow_twice")
+def slow_twice(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
+    """Two slow steps on the run's queue, each signalling its start (a file)."""
+    first = dict(input, started=input["started"] + ".1")
+    ctx.do("first", "testapp.slow", first)
+    return ctx.do("second", "testapp.slow", dict(input, started=input["started"] + ".2"))
+
+
 from tests.testapp import parallel_workflows  # noqa: E402, F401  (registers the fan-out)

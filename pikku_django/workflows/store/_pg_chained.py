@@ -18,6 +18,7 @@ from pikku_django.dbclock import POSTGRESQL_NOW_MS
 from pikku_django.leases.base import Lease
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.prepared import fetch, fetch_one
+from pikku_django.workflows._pauses import paused_look
 from pikku_django.workflows._values import (
     Chained,
     DueRun,
@@ -47,6 +48,7 @@ from pikku_django.workflows.store._pg_sql import (
     _loads,
     _q,
     claim_due_runs_sql,
+    not_paused,
 )
 from pikku_django.workflows.store.base import ChainedWrites, columns
 
@@ -71,10 +73,11 @@ def jsonb_text(value: Any) -> str | None:
 @functools.cache
 def insert_claimed_sql(after_step: bool = False) -> str:
     """Store a queued step as claimed (its first attempt running under a lease) if its
-    run is running, and park the run unless it was woken since ``park_wakes``.
+    run is running and its queue is not paused, and park the run unless it was woken
+    since ``park_wakes``.
 
     Parameters: the step's columns (:data:`NEW_STEP_FIELDS`), running, lease ms,
-    created at, updated at, run id, running; attempt status, worker, started at;
+    created at, updated at, run id, running, the step's queue; attempt status, worker, started at;
     updated at, run id, running, park wakes. Returns the step's id and input as text.
 
     ``after_step``: the run's step success first (:func:`step_done_ctes`, its
@@ -104,8 +107,8 @@ def insert_claimed_sql(after_step: bool = False) -> str:
         f"WITH {step_done_ctes() + ', ' if after_step else ''}"
         f"s AS (INSERT INTO {STEPS} ({new_cols}) "
         f"SELECT {new_vals}, %s, NULL, NULL, 1, NULL, {POSTGRESQL_NOW_MS} + %s, %s, %s "
-        f"WHERE EXISTS (SELECT 1 FROM {RUNS} WHERE {r('id')} = %s AND {r('status')} = %s)"
-        f"{guard} ON CONFLICT ({s('run_id')}, {s('name')}) DO NOTHING "
+        f"WHERE EXISTS (SELECT 1 FROM {RUNS} WHERE {r('id')} = %s AND {r('status')} = %s) "
+        f"AND {not_paused('%s')}{guard} ON CONFLICT ({s('run_id')}, {s('name')}) DO NOTHING "
         f"RETURNING {s('id')} AS id, {s('input')} AS input), "
         f"a AS (INSERT INTO {ATTEMPTS} ({attempt_cols}) SELECT id, 1, %s, %s, %s FROM s), "
         f"r AS (UPDATE {RUNS} SET {r('wake_at')} = NULL, {r('updated_at')} = %s "
@@ -153,6 +156,7 @@ def claimed_params(
         now,
         step.run_id,
         RunStatus.RUNNING,
+        values["queue"],
         *guard,
         running,
         worker[:255],
@@ -205,6 +209,8 @@ class PostgresChainedWrites(ChainedWrites):
         result_text, step_id, input_text, run_status, run_wakes = row
         same = result_text == jsonb_text(done.result)
         claimed = None if step_id is None else (step_id, _loads(input_text))
+        if claimed is None:
+            paused_look.forget(self.using)  # the queue may have been paused
         return Chained(_loads(result_text), run_status, run_wakes, same, claimed)
 
     def settle_then_finish(

@@ -29,6 +29,7 @@ from pikku_django.workflows.store._pg_sql import (
     _all_columns,
     _c,
     _q,
+    not_paused,
     step_lease_sql,
 )
 from pikku_django.workflows.store.base import columns
@@ -94,7 +95,8 @@ def claim_due_runs_first_sql(served: bool) -> str:
         f"{PostgreSQLLeaseSQL.TAKE_ON_CONFLICT} RETURNING l.key, l.token, l.expires_at), "
         f"o AS (SELECT c.id, c.priority, c.h, {lease} AS lease FROM c "
         f"JOIN l ON l.key = {key} WHERE c.stepless AND c.h IS NOT NULL "
-        f"AND c.workflow = ANY(%s::text[]) AND NOT {hint_queue} = ANY(%s::text[]){only_served}), "
+        f"AND c.workflow = ANY(%s::text[]) AND NOT {hint_queue} = ANY(%s::text[]){only_served} "
+        f"AND {not_paused(hint_queue)}), "
         f"s AS (INSERT INTO {STEPS} ({new_cols}) SELECT {new_vals}, "
         f"'{StepStatus.RUNNING}', NULL, NULL, 1, NULL, {POSTGRESQL_NOW_MS} + o.lease, "
         f"%s::timestamptz, %s::timestamptz "

@@ -16,6 +16,7 @@ from pikku_django.leases.sql import PostgreSQLLeaseSQL
 from pikku_django.models import (
     CLAIMABLE_STATUSES,
     QueueClaim,
+    QueuePause,
     RunStatus,
     StepAttempt,
     StepKind,
@@ -41,6 +42,17 @@ def _c(model: type[Any], name: str) -> str:
 
 #: Tables and the columns the statements use, by their model names.
 RUNS, STEPS, ATTEMPTS = _t(WorkflowRun), _t(WorkflowStep), _t(StepAttempt)
+
+
+def not_paused(queue: str) -> str:
+    """The condition that the queue ``queue`` (an SQL expression) is not paused: every
+    claim of a queued step has it, in the statement that takes the step. A LIMITed
+    scalar subquery, looked up by the table's unique index for each step read: the
+    planner never makes it a join (a NOT EXISTS may become an anti join that reads
+    the whole backlog instead of the claim order's first steps)."""
+    column = _c(QueuePause, "queue")
+    return f"(SELECT 1 FROM {_t(QueuePause)} qp WHERE qp.{column} = {queue} LIMIT 1) IS NULL"
+
 
 #: The columns of a new step, as :class:`NewStep` names them.
 NEW_STEP_FIELDS = (
@@ -136,7 +148,8 @@ def claim_due_runs_sql(leased: bool = False) -> str:
 
 def _ready_exists(queue: str, *, fresh: bool = True) -> str:
     """Whether a queued step is ready (without ``fresh``: a due retry or a lapsed
-    claim): one EXISTS per branch, each read in its partial index's order, so that
+    claim), paused queues' too (the claims leave those, and the look stays on its
+    indexes alone): one EXISTS per branch, each read in its partial index's order, so that
     even a generic plan takes the index."""
     kind = f"{_c(WorkflowStep, 'kind')} = '{StepKind.QUEUED}'"
     branches = _ready_branches() if fresh else _ready_branches()[1:]
@@ -168,7 +181,8 @@ NO_CAP = 2**63 - 1
 
 
 def _fresh_from(fresh_on: bool, excluding: bool = True) -> str:
-    """FROM and WHERE of the ready steps not attempted yet, of running worker runs:
+    """FROM and WHERE of the ready steps not attempted yet, of running worker runs, on
+    queues not paused:
     parameters now, the queues served (``fresh_on``) and the queues left out
     (``excluding``; without, the form a generic plan estimates well: the planner
     guesses that ``<> ALL`` of an unknown array leaves almost no step of a queue).
@@ -187,10 +201,11 @@ def _fresh_from(fresh_on: bool, excluding: bool = True) -> str:
     served = f" AND {s('queue')} = ANY(%s)" if fresh_on else ""
     left_out = f" AND NOT {s('queue')} = ANY(%s)" if excluding else ""
     claimable = ", ".join(f"'{status}'" for status in CLAIMABLE_STATUSES)
+    unpaused = not_paused(f"{STEPS}.{s('queue')}")
     return (
         f"FROM {STEPS} WHERE {s('kind')} = '{StepKind.QUEUED}' AND "
         f"{_ready_branches()[0][0]}{served}{left_out} "
-        f"AND {s('status')} IN ({claimable}) "
+        f"AND {s('status')} IN ({claimable}) AND {unpaused} "
         f"AND (SELECT run.{r('id')} FROM {RUNS} run WHERE run.{r('id')} = {STEPS}.{s('run_id')} "
         f"AND run.{r('status')} = '{RunStatus.RUNNING}' AND NOT run.{r('inline')} LIMIT 1) "
         f"IS NOT NULL"

@@ -20,6 +20,7 @@ from django.db.models import QuerySet
 
 from pikku_django.leases.base import Lease
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.workflows._pauses import paused_look
 from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._values import (
     Chained,
@@ -218,6 +219,12 @@ class WorkflowStore(FreshClaims, ChainedWrites, abc.ABC):
         """Whether new work is announced (``PIKKU["WORKER_NOTIFY"]``)."""
         return self._config().notify
 
+    def queue_paused(self, queue: str) -> bool:
+        """Whether ``queue`` is paused, as this process last looked (at most a few
+        seconds ago): claims check the pause themselves; this spares a pass a claim
+        that would be refused."""
+        return paused_look.is_paused(self.using, queue)
+
     @property
     def prepared(self) -> bool:
         """Whether statements are prepared (``PIKKU["PREPARED_STATEMENTS"]``)."""
@@ -296,12 +303,18 @@ class WorkflowStore(FreshClaims, ChainedWrites, abc.ABC):
 
     @abc.abstractmethod
     def claim_attempt(
-        self, step: WorkflowStep, guard: models.Q, *, lease_ms: int, worker: str
+        self,
+        step: WorkflowStep,
+        guard: models.Q,
+        *,
+        lease_ms: int,
+        worker: str,
+        pausable: bool = False,
     ) -> datetime | None:
         """Start attempt ``step.attempt + 1`` under this worker's lease, if the step
-        still matches ``guard`` and its run is running (one guarded UPDATE, and the
-        attempt's history row): when the attempt started as recorded, or None when
-        this caller did not win."""
+        still matches ``guard``, its run is running and (``pausable``) its queue is not
+        paused (one guarded UPDATE, and the attempt's history row): when the attempt
+        started as recorded, or None when this caller did not win."""
 
     @abc.abstractmethod
     def refresh_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:
@@ -327,9 +340,9 @@ class WorkflowStore(FreshClaims, ChainedWrites, abc.ABC):
     def lock_ready_steps(
         self, now: datetime, queues: Sequence[str], limit: int, full: Sequence[str] = ()
     ) -> list[WorkflowStep]:
-        """Ready queued steps of running worker runs (none of the queues ``full``),
-        in the claim order, locked for the caller's transaction (others skipped),
-        with ``store_now`` (epoch ms) on each."""
+        """Ready queued steps of running worker runs (none of the queues ``full``,
+        nor of a paused queue), in the claim order, locked for the caller's
+        transaction (others skipped), with ``store_now`` (epoch ms) on each."""
 
     @abc.abstractmethod
     def limited_claim(self, queues: Sequence[str]) -> AbstractContextManager[Any]:
@@ -359,7 +372,8 @@ class WorkflowStore(FreshClaims, ChainedWrites, abc.ABC):
 
     @abc.abstractmethod
     def work_pending(self, until: datetime, queues: Sequence[str]) -> bool:
-        """Whether a run is due, or a queued step ready or running, by ``until``."""
+        """Whether a run is due, or a queued step (of a queue not paused) ready or
+        running, by ``until``."""
 
     # -- runs --------------------------------------------------------------------------
 

@@ -19,12 +19,14 @@ from pikku_django.dbclock import EpochMs
 from pikku_django.models import (
     CLAIMABLE_STATUSES,
     AttemptStatus,
+    QueuePause,
     RunStatus,
     StepKind,
     StepStatus,
     WorkflowRun,
     WorkflowStep,
 )
+from pikku_django.workflows._pauses import paused, paused_look, without_paused
 from pikku_django.workflows._values import DueRun, NewStep, NextDue, Settled, Wake
 from pikku_django.workflows.store.base import CHANNEL, NewRun, WorkflowStore
 
@@ -143,8 +145,12 @@ class OrmStore(WorkflowStore):
     ) -> tuple[int, Any] | None:
         try:
             with self.atomic():
-                if not self.runs().filter(id=step.run_id, status=RunStatus.RUNNING).exists():
-                    return None  # only a running run's steps are claimed
+                # Only a running run's steps are claimed, and none of a paused queue.
+                unpaused = ~Exists(QueuePause.objects.using(self.using).filter(queue=step.queue))
+                running = self.runs().filter(unpaused, id=step.run_id, status=RunStatus.RUNNING)
+                if not running.exists():
+                    paused_look.forget(self.using)  # the queue may have been paused
+                    return None
                 row = self.steps().create(
                     **step.columns(),
                     status=StepStatus.RUNNING,
@@ -235,7 +241,13 @@ class OrmStore(WorkflowStore):
         )
 
     def claim_attempt(
-        self, step: WorkflowStep, guard: Q, *, lease_ms: int, worker: str
+        self,
+        step: WorkflowStep,
+        guard: Q,
+        *,
+        lease_ms: int,
+        worker: str,
+        pausable: bool = False,
     ) -> datetime | None:
         attempt = step.attempt + 1
         # Only a step of a running run is claimed, by whichever route: a cancelled
@@ -244,18 +256,17 @@ class OrmStore(WorkflowStore):
         now = timezone.now()
         # Within a claim's transaction no savepoint: a failure here ends that claim.
         with transaction.atomic(using=self.using, savepoint=False):
-            won = (
-                self.steps()
-                .filter(guard, id=step.id, run_id__in=live_runs)
-                .update(
-                    status=StepStatus.RUNNING,
-                    attempt=attempt,
-                    result=None,
-                    error=None,
-                    available_at=None,
-                    lease_expires_at=EpochMs() + lease_ms,
-                    updated_at=now,
-                )
+            claimable = self.steps().filter(guard, id=step.id, run_id__in=live_runs)
+            if pausable:
+                claimable = claimable.exclude(paused(self.using))
+            won = claimable.update(
+                status=StepStatus.RUNNING,
+                attempt=attempt,
+                result=None,
+                error=None,
+                available_at=None,
+                lease_expires_at=EpochMs() + lease_ms,
+                updated_at=now,
             )
             if not won:
                 return None
@@ -306,7 +317,7 @@ class OrmStore(WorkflowStore):
     def lock_ready_steps(
         self, now: datetime, queues: Sequence[str], limit: int, full: Sequence[str] = ()
     ) -> list[WorkflowStep]:
-        steps = self._queued(queues)
+        steps = without_paused(self._queued(queues), self.using)
         if full:
             steps = steps.exclude(queue__in=list(full))
         # Read in claim order off pikku_step_claim_order (whose condition is repeated
@@ -389,7 +400,11 @@ class OrmStore(WorkflowStore):
     def work_pending(self, until: datetime, queues: Sequence[str]) -> bool:
         if self.worker_runs().filter(wake_at__lte=until).exists():
             return True
-        steps = self._queued(queues).filter(run__status=RunStatus.RUNNING, run__inline=False)
+        steps = (
+            self._queued(queues)
+            .filter(run__status=RunStatus.RUNNING, run__inline=False)
+            .exclude(paused(self.using))
+        )
         due = Q(
             status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.RUNNING),
             available_at__lte=until,

@@ -25,6 +25,7 @@ from pikku_django.models import (
     WorkflowStep,
 )
 from pikku_django.prepared import fetch, fetch_one
+from pikku_django.workflows._pauses import paused_look
 from pikku_django.workflows._values import DueRun, NewStep, Settled, Wake
 from pikku_django.workflows.store._pg_chained import (
     PostgresChainedWrites,
@@ -245,7 +246,10 @@ class PostgresStore(PostgresChainedWrites, PostgresFreshClaims, OrmStore):
     ) -> tuple[int, Any] | None:
         params = claimed_params(step, lease_ms, worker, park_wakes, timezone.now())
         row = fetch_one(self.using, insert_claimed_sql(), params)
-        return None if row is None else (row[0], _loads(row[1]))
+        if row is None:
+            paused_look.forget(self.using)  # the queue may have been paused
+            return None
+        return row[0], _loads(row[1])
 
     def settle(
         self,
