@@ -108,6 +108,7 @@ COMMANDS_BEFORE_MIGRATE = [
     ["pikku_runs", "show", "0123456789abcdef"],
     ["pikku_schedules", "list"],
     ["pikku_schedules", "trigger", "nightly"],
+    ["pikku_queues", "list"],
 ]
 
 
