@@ -40,7 +40,9 @@ class Steps(Protocol):
 
     def _step_name(self, name: object, *, internal: bool = False, branch: bool = False) -> str: ...
 
-    def _existing(self, name: str, kind: str, function: str) -> WorkflowStep | None: ...
+    def _existing(
+        self, name: str, kind: str, function: str, *, new: bool = True
+    ) -> WorkflowStep | None: ...
 
 
 __all__ = ["Branch", "JoinPolicy", "Outcome", "ParallelGroup"]
