@@ -238,6 +238,14 @@ class WorkflowStore(FreshClaims, ChainedWrites, abc.ABC):
     def atomic(self) -> AbstractContextManager[Any]:
         """A transaction (or savepoint) on the store's database."""
 
+    def keyed_run(self, workflow: str, idempotency_key: str) -> WorkflowRun:
+        """The run of ``workflow`` holding ``idempotency_key``, as last committed (a
+        locking read: a repeatable-read snapshot taken before it was may not show
+        it), for a start whose insert found the key taken. DoesNotExist if none."""
+        with self.atomic():
+            taken = self.runs().select_for_update()
+            return taken.get(workflow=workflow, idempotency_key=idempotency_key)
+
     @abc.abstractmethod
     def notify(self) -> None:
         """Tell idle workers there is new work, when the current transaction commits."""
