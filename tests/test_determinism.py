@@ -89,6 +89,14 @@ def loop_default(ctx: WorkflowContext, inp: int) -> int:
     return sum(ctx.do("item", echo, i) for i in range(inp))
 
 
+@workflow(name="det.fan_out", max_steps=6)
+def fan_out(ctx: WorkflowContext, inp: int) -> Any:
+    group = ctx.parallel("fan")
+    for i in range(inp):
+        group.do("kid", child, i)
+    return group.join()
+
+
 @workflow(name="det.child")
 def child(ctx: WorkflowContext, inp: int) -> int:
     return int(ctx.do("double", echo, inp * 2))
@@ -218,9 +226,21 @@ def test_max_steps_per_run_bounds_every_workflow_without_its_own(alias: str) -> 
     run = engine.start(loop_default, 4)
     _work(engine)
     run = engine.get_run(run.id)
-    assert (run.status, run.error["code"]) == (RunStatus.FAILED, "STEP_LIMIT")
+    assert run.status == RunStatus.FAILED
+    assert run.error["code"] == "STEP_LIMIT"
     assert "PIKKU['MAX_STEPS_PER_RUN']" in run.error["message"]
     assert len(_steps(alias, run.id)) == 3
+
+
+def test_child_branches_stored_together_count_towards_the_limit(alias: str) -> None:
+    engine = WorkflowEngine(alias)
+    run = engine.start(fan_out, 10)
+    _work(engine)
+    run = engine.get_run(run.id)
+    assert run.status == RunStatus.FAILED
+    assert run.error["code"] == "STEP_LIMIT"
+    assert "'kid#5'" in run.error["message"]  # the group and five branches fill it
+    assert len(_steps(alias, run.id)) <= 6
 
 
 @pytest.mark.django_db

@@ -52,7 +52,7 @@ def check_new_step(ctx: StepCalls, name: str) -> None:
         if skipped:
             _refuse(recorder, NonDeterministicWorkflowError(_skipped_message(name, skipped)))
     limit = max_steps(recorder.run.workflow, recorder.config.max_steps_per_run)
-    if len(recorder.steps) >= limit:
+    if len(recorder.steps) + recorder.deferred >= limit:
         _refuse(recorder, WorkflowStepLimitError(recorder.run.id, name, limit))
 
 

@@ -66,6 +66,8 @@ class StepRecorder:
         #: Why this pass may record no new step (see ``_determinism.check_new_step``):
         #: the pass fails the run with it, even when the workflow body caught it.
         self.refusal: WorkflowError | None = None
+        #: Child branches of parallel groups reached but not stored yet (stored together).
+        self.deferred = 0
 
     def write_nothing(self) -> None:
         """Let this pass replay and stop at a queued step its claimer takes, but not
