@@ -49,6 +49,7 @@ from pikku_django.workflows.errors import (
     WorkflowRunNotFoundError,
     WorkflowRunStateError,
     WorkflowStepLeaseExpiredError,
+    WorkflowStepLimitError,
     WorkflowStepSupersededError,
     WorkflowTimeoutError,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "WorkflowRunNotFoundError",
     "WorkflowRunStateError",
     "WorkflowStepLeaseExpiredError",
+    "WorkflowStepLimitError",
     "WorkflowStepSupersededError",
     "WorkflowTimeoutError",
     "acancel_workflow",
