@@ -29,6 +29,11 @@ VENDORS = ("sqlite", "postgres", "mariadb")
 #: A worker still at it after this many step calls loops: the test stops it.
 RUNAWAY = 40
 
+
+class Runaway(BaseException):
+    """Raised by a step called too often in an inline run (the engine lets it through)."""
+
+
 _calls: dict[str, int] = {}
 _workers: list[Worker] = []
 
@@ -36,6 +41,8 @@ _workers: list[Worker] = []
 def _count(key: str) -> None:
     _calls[key] = _calls.get(key, 0) + 1
     if _calls[key] >= RUNAWAY:
+        if not _workers:
+            raise Runaway()  # an inline run: out of the caller's start
         for worker in _workers:
             worker.stop()
 
@@ -186,6 +193,14 @@ def test_a_step_name_that_changes_on_replay_fails_the_run_at_its_second_step(
     assert new.strip("'").split("-")[0] == names[0].split("-")[0]
     logged = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert any(str(run.id) in r.getMessage() and names[0] in r.getMessage() for r in logged)
+
+
+def test_an_inline_run_with_changing_step_names_fails_at_its_second_step(alias: str) -> None:
+    engine = WorkflowEngine(alias)
+    run = engine.start(random_names, inline=True)
+    assert run.status == RunStatus.FAILED
+    assert run.error["code"] == NonDeterministicWorkflowError.code
+    assert len(_steps(alias, run.id)) == 1
 
 
 def test_every_legitimate_order_of_steps_replays_to_the_end(alias: str) -> None:
