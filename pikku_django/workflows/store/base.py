@@ -8,6 +8,7 @@ a read of the database returns them.
 from __future__ import annotations
 
 import abc
+import contextlib
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -237,6 +238,11 @@ class WorkflowStore(FreshClaims, ChainedWrites, abc.ABC):
     @abc.abstractmethod
     def atomic(self) -> AbstractContextManager[Any]:
         """A transaction (or savepoint) on the store's database."""
+
+    def key_turn(self, workflow: str, idempotency_key: str) -> AbstractContextManager[Any]:
+        """Held while a start of ``idempotency_key`` inserts or changes its run, where
+        the database needs concurrent starts of one key to take turns."""
+        return contextlib.nullcontext()
 
     def keyed_run(self, workflow: str, idempotency_key: str) -> WorkflowRun:
         """The run of ``workflow`` holding ``idempotency_key``, as last committed (a

@@ -23,8 +23,10 @@ logger = logging.getLogger(__name__)
 #: The columns of a run's idempotency key.
 _KEY_FIELDS = ("workflow", "idempotency_key")
 
-#: Seconds a start waits for its key's named lock before it inserts without it.
-KEY_LOCK_WAIT = 50
+#: Seconds a start waits for its key's named lock before it goes on without it: less
+#: than InnoDB's lock wait (50 s by default), so that a transaction starting its own
+#: key again while another start waits on that key's row holds neither up for good.
+KEY_LOCK_WAIT = 20
 
 
 def key_lock_name(workflow: str, idempotency_key: str) -> str:
@@ -85,13 +87,18 @@ class MysqlStore(OrmStore):
         if run.idempotency_key is None:
             super().create_run(run, opening, due_at)
             return
+        with self.key_turn(run.workflow, run.idempotency_key):
+            super().create_run(run, opening, due_at)
+
+    def key_turn(self, workflow: str, idempotency_key: str) -> AbstractContextManager[Any]:
         # InnoDB: an insert that finds its key taken by a transaction not yet ended
         # waits for it, with a shared lock on the key. If that transaction rolls back,
-        # every waiter inserts, each waiting on the others' shared locks: a deadlock,
-        # which rolls back a waiter's whole transaction (its caller's writes too). A
-        # named lock per key lets one insert wait at a time.
-        with named_lock(self.using, key_lock_name(run.workflow, run.idempotency_key)):
-            super().create_run(run, opening, due_at)
+        # every waiter inserts, each waiting on the others' shared locks; and starts
+        # that then lock the run to change it (debounced ones) each wait on the others'
+        # shared locks too. Either is a deadlock, which rolls back a start's whole
+        # transaction (its caller's writes too). A named lock per key lets one start
+        # wait at a time.
+        return named_lock(self.using, key_lock_name(workflow, idempotency_key))
 
     def keyed_run(self, workflow: str, idempotency_key: str) -> WorkflowRun:
         # A shared lock, not FOR UPDATE: every start that found the key taken holds a
