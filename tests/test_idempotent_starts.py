@@ -129,11 +129,20 @@ class _RolledBack(Exception):
     """Rolls the first start's transaction back."""
 
 
+def _begin(engine: WorkflowEngine, how: str, data: Any, key: str) -> uuid.UUID:
+    """Start a run of ``one`` with ``key``: as a caller starts it, or as an intake
+    creates it in the caller's transaction."""
+    if how == "start":
+        return engine.start(one, data, idempotency_key=key).id
+    return engine.create_run("idem.one", data, idempotency_key=key).id
+
+
+@pytest.mark.parametrize("how", ["start", "create_run"])
 @pytest.mark.parametrize(
     "vendor", [pytest.param(v, marks=db_mark(v), id=v) for v in ("postgres", "mariadb")]
 )
 def test_starts_waiting_on_a_key_whose_first_start_rolls_back_all_return_one_run(
-    vendor: str,
+    vendor: str, how: str
 ) -> None:
     alias = database_alias(vendor)
     engine = WorkflowEngine(alias, leases=InMemoryLeaseService(), clock=FakeClock())
@@ -145,7 +154,7 @@ def test_starts_waiting_on_a_key_whose_first_start_rolls_back_all_return_one_run
     def first() -> None:
         try:
             with transaction.atomic(using=alias):
-                engine.start(one, "first", idempotency_key=key)
+                _begin(engine, how, "first", key)
                 started.set()
                 # Until every other start waits on this one's key (or a while passed).
                 for _ in range(400):
@@ -164,7 +173,7 @@ def test_starts_waiting_on_a_key_whose_first_start_rolls_back_all_return_one_run
             started.wait(60)
             with transaction.atomic(using=alias):
                 Group.objects.using(alias).create(name=f"{tag}-{i}")
-                got[i] = engine.start(one, i, idempotency_key=key).id
+                got[i] = _begin(engine, how, i, key)
         except BaseException as exc:
             got[i] = exc
         finally:
