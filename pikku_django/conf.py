@@ -88,6 +88,10 @@ DEFAULTS: dict[str, Any] = {
     # PostgreSQL worker then claims the run with its step in one statement and skips
     # the first pass. Off: the first pass finds the step, as every later one does.
     "FIRST_STEP_AT_START": True,
+    # The most steps one run may record (a workflow's @workflow(max_steps=...)
+    # overrides it); a run about to record more fails with WorkflowStepLimitError,
+    # so a workflow that loops without end stops instead of growing for ever.
+    "MAX_STEPS_PER_RUN": 100_000,
     # pikku_worker: how many async def steps one worker process runs at once on its
     # event loop (they wait on I/O without holding a thread each).
     "ASYNC_CONCURRENCY": 100,
@@ -271,6 +275,7 @@ RULES: dict[str, Rule] = {
         minimum=0,
         check_id="pikku_django.E302",
     ),
+    "MAX_STEPS_PER_RUN": COUNT,
     "WEBHOOK_DIGEST_RETENTION": Rule(
         (int, float, str, timedelta),
         "seconds, a timedelta or text like '365d', or None",

@@ -49,6 +49,7 @@ from pikku_django.workflows.errors import (
     WorkflowRunNotFoundError,
     WorkflowRunStateError,
     WorkflowStepLeaseExpiredError,
+    WorkflowStepLimitError,
     WorkflowStepSupersededError,
     WorkflowTimeoutError,
 )
@@ -115,6 +116,7 @@ __all__ = [
     "WorkflowRunNotFoundError",
     "WorkflowRunStateError",
     "WorkflowStepLeaseExpiredError",
+    "WorkflowStepLimitError",
     "WorkflowStepSupersededError",
     "WorkflowTimeoutError",
     "acancel_workflow",

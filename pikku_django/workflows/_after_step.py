@@ -26,6 +26,7 @@ from pikku_django.leases import HeldLease, LeaseLostError
 from pikku_django.leases.base import Lease
 from pikku_django.models import RunStatus, StepStatus, WorkflowRun
 from pikku_django.workflows import registry
+from pikku_django.workflows._determinism import replay_body
 from pikku_django.workflows._memo import RecordedSteps
 from pikku_django.workflows._recorder import StepRecorder, StepsUnread, WritesRefused
 from pikku_django.workflows._replay import NewClaim, Replay
@@ -158,7 +159,7 @@ class PassAfterStep:
         ctx = WorkflowContext(recorder)
         try:
             held.vouch()
-            output = fn(ctx, ctx.input)
+            output = replay_body(fn, ctx, ctx.input)
             check_no_unknown_patch(ctx, None)
         except Pause:
             request = recorder.claim_request

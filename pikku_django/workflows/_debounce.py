@@ -58,7 +58,20 @@ def debounced_start(
 ) -> tuple[WorkflowRun, bool]:
     """The key's waiting run with ``payload`` as its input and its start pushed back
     to ``options.start_at``, else a new run by ``create``: the run, and whether it
-    is new."""
+    is new. Concurrent starts of the key take turns where the store needs it."""
+    with store.key_turn(workflow, key):
+        return _debounced_start(store, workflow, payload, key, options, create, clock)
+
+
+def _debounced_start(
+    store: WorkflowStore,
+    workflow: str,
+    payload: Any,
+    key: str,
+    options: RunOptions,
+    create: Callable[[], WorkflowRun],
+    clock: Callable[[], datetime],
+) -> tuple[WorkflowRun, bool]:
     runs = store.runs()
     for _ in range(ROUNDS):
         if not runs.filter(workflow=workflow, idempotency_key=key).exists():

@@ -40,7 +40,9 @@ class Steps(Protocol):
 
     def _step_name(self, name: object, *, internal: bool = False, branch: bool = False) -> str: ...
 
-    def _existing(self, name: str, kind: str, function: str) -> WorkflowStep | None: ...
+    def _existing(
+        self, name: str, kind: str, function: str, *, new: bool = True
+    ) -> WorkflowStep | None: ...
 
 
 __all__ = ["Branch", "JoinPolicy", "Outcome", "ParallelGroup"]
@@ -158,6 +160,7 @@ class ParallelGroup:
     def _start_child(self, name: str, workflow: str, data: Any) -> None:
         payload = to_json(data, f"The input of child workflow step {name!r}")
         self._new.append(NewChild(name, workflow, payload))
+        self._recorder.deferred += 1
         if len(self._new) >= BATCH:
             self.flush()
 
@@ -165,6 +168,7 @@ class ParallelGroup:
         """Store the child branches reached since the last flush (the workflow's next
         step or the join does this)."""
         new, self._new = self._new, []
+        self._recorder.deferred -= len(new)
         store_children(self._recorder, self._row, new)
 
     # -- joining ----------------------------------------------------------------------

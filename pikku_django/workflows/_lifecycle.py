@@ -99,12 +99,7 @@ class RunLifecycle:
         except IntegrityError:
             if idempotency_key is None:
                 raise
-            with self.store.atomic():
-                # A locking read: it sees the winner's row under repeatable read too.
-                taken = runs.select_for_update().filter(
-                    workflow=definition.name, idempotency_key=idempotency_key
-                )
-                return taken.get(), False
+            return self.store.keyed_run(definition.name, idempotency_key), False
         with log_context(workflow=run.workflow, run_id=str(run.id)):
             logger.info("Run started%s", " (inline)" if inline else "")
         return run, True

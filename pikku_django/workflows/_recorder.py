@@ -19,7 +19,11 @@ from pikku_django.workflows._options import resolve_step_options
 from pikku_django.workflows._values import Pause, StepClaimer, StepOptions, to_json
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.durations import Duration
-from pikku_django.workflows.errors import StepFunctionNotFoundError, serialize_error
+from pikku_django.workflows.errors import (
+    StepFunctionNotFoundError,
+    WorkflowError,
+    serialize_error,
+)
 
 #: Read on every replayed step: a module constant, not an enum class's attribute.
 _SUCCEEDED = StepStatus.SUCCEEDED.value
@@ -59,6 +63,11 @@ class StepRecorder:
         #: What a call naming only ``fn`` makes, by ``fn`` (a step's kind and function),
         #: once this pass resolved it: replayed steps are checked against it.
         self._plain: dict[Any, tuple[str, str]] = {}
+        #: Why this pass may record no new step (see ``_determinism.check_new_step``):
+        #: the pass fails the run with it, even when the workflow body caught it.
+        self.refusal: WorkflowError | None = None
+        #: Child branches of parallel groups reached but not stored yet (stored together).
+        self.deferred = 0
 
     def write_nothing(self) -> None:
         """Let this pass replay and stop at a queued step its claimer takes, but not

@@ -16,6 +16,7 @@ from pikku_django.leases import HeldLease, LeaseLostError, LeaseTakenError
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import registry
 from pikku_django.workflows._dberrors import is_transient
+from pikku_django.workflows._determinism import replay_body
 from pikku_django.workflows._inline_steps import InlineSteps
 from pikku_django.workflows._memo import StepMemo
 from pikku_django.workflows._recorder import StepRecorder, StepsUnread
@@ -205,7 +206,7 @@ class Replay:
         self.memo.forget(run.id)
         ctx = WorkflowContext(recorder)
         try:
-            output = definition.fn(ctx, ctx.input)
+            output = replay_body(definition.fn, ctx, ctx.input)
             check_no_unknown_patch(ctx, None)
         except Pause as pause:
             if recorder.claim_request is not None and recorder.claimer is not None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pikku_django.models import StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows._determinism import check_new_step, unvisited
 from pikku_django.workflows.errors import UnknownPatchError, WorkflowDefinitionError
 
 #: The prefix of a step that records a ``ctx.patched`` change id.
@@ -30,17 +31,6 @@ def version_admitted(
             run.version = definition.version
         return True
     return not carried_only or run.version in definition.carried_versions
-
-
-def visited_names(seen: Mapping[str, int]) -> set[str]:
-    """The full step names a pass has reached, from its count of each name."""
-    return {base if i == 0 else f"{base}#{i}" for base, count in seen.items() for i in range(count)}
-
-
-def unvisited(steps: Mapping[str, WorkflowStep], seen: Mapping[str, int]) -> list[WorkflowStep]:
-    """The recorded steps this pass has not reached (yet)."""
-    reached = visited_names(seen)
-    return [step for name, step in steps.items() if name not in reached]
 
 
 def _any_unvisited(steps: Mapping[str, WorkflowStep], seen: Mapping[str, int]) -> bool:
@@ -77,11 +67,12 @@ def patched(ctx: StepCalls, change_id: str) -> bool:
         )
     name = ctx._step_name(PATCH_PREFIX + change_id, internal=True)
     recorder = ctx._recorder
-    step = ctx._existing(name, StepKind.PATCH, "")
+    step = ctx._existing(name, StepKind.PATCH, "", new=False)
     if step is not None:
         return True
     if _any_unvisited(recorder.steps, ctx._seen):
         return False  # recorded under code without the patch: keep to the old path
+    check_new_step(ctx, name)
     marker = recorder.inline.create(
         recorder.run,
         name=name,

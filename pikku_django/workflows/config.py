@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
@@ -45,6 +46,8 @@ class EngineConfig:
     carried_versions_only: bool = False
     #: Whether starting a run finds the queued step its first pass would reach.
     first_step_at_start: bool = True
+    #: The most steps a run may record (a workflow's ``max_steps`` overrides it).
+    max_steps_per_run: int = 100_000
 
     @classmethod
     def from_settings(cls, **overrides: Any) -> EngineConfig:
@@ -69,6 +72,7 @@ class EngineConfig:
             "carry_runs": bool(s.CARRY_RUNS),
             "carried_versions_only": bool(s.WORKFLOW_CARRIED_VERSIONS_ONLY),
             "first_step_at_start": bool(s.FIRST_STEP_AT_START),
+            "max_steps_per_run": check_max_steps(s.MAX_STEPS_PER_RUN, "MAX_STEPS_PER_RUN"),
         }
         values.update(overrides)
         return cls(**values)
@@ -93,6 +97,13 @@ class EngineConfig:
     def is_limited(self, queue: str) -> bool:
         """Whether ``queue``'s claims are counted: it has a concurrency or rate limit."""
         return self.concurrency_of(queue) is not None or self.rate_of(queue) is not None
+
+
+def check_max_steps(value: object, what: str) -> int:
+    """``value`` as a limit of steps per run: an int of at least 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ImproperlyConfigured(f"{what} must be an int of at least 1, not {value!r}")
+    return value
 
 
 _lock = threading.Lock()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
 from pikku_django.models.fields import UnreadableJSON, readable
 from pikku_django.workflows import _published, _signals_in, _versions, registry
+from pikku_django.workflows._determinism import check_new_step
 from pikku_django.workflows._fanout import ParallelGroup, open_group
 from pikku_django.workflows._inline_steps import fresh, fresh_result
 from pikku_django.workflows._options import retry_delay_for
@@ -46,6 +47,11 @@ class WorkflowContext:
         # Raised when read, in the pass, which then fails the run with the reason.
         self._input = value if isinstance(value, UnreadableJSON) else fresh(value)
         self._seen: defaultdict[str, int] = defaultdict(int)
+        #: How many steps were recorded when the pass began, and how many of them it
+        #: has reached: a new step while some are not reached is not deterministic.
+        self._recorded = recorder.steps
+        self._recorded_at_start = len(recorder.steps)
+        self._reached = 0
         #: This pass's parallel groups: their new branches are stored at the next step.
         self._groups: list[ParallelGroup] = []
 
@@ -72,16 +78,25 @@ class WorkflowContext:
         n = seen[name]
         seen[name] = n + 1
         if n == 0 and len(name) <= 255:
-            return name
-        full = name if n == 0 else f"{name}#{n}"
-        if len(full) > 255:
-            raise WorkflowDefinitionError(f"Step name {full[:40]!r}... is over 255 characters")
+            full = name
+        else:
+            full = name if n == 0 else f"{name}#{n}"
+            if len(full) > 255:
+                raise WorkflowDefinitionError(f"Step name {full[:40]!r}... is over 255 characters")
+        if full in self._recorded:
+            self._reached += 1
         return full
 
-    def _existing(self, name: str, kind: str, function: str) -> WorkflowStep | None:
+    def _existing(
+        self, name: str, kind: str, function: str, *, new: bool = True
+    ) -> WorkflowStep | None:
+        """The step recorded as ``name``, or None: then, unless ``new`` is False (the
+        caller decides itself whether to record it), the pass may record it."""
         step = self._recorder.recorded(name)
         if step is None:
             _versions.check_no_unknown_patch(self, name)
+            if new:
+                check_new_step(self, name)
             return None
         if step.kind != kind or (function and step.function and step.function != function):
             _versions.check_no_unknown_patch(self, name)

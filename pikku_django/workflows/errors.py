@@ -48,9 +48,27 @@ class WorkflowDefinitionError(WorkflowError):
 
 
 class NonDeterministicWorkflowError(WorkflowError):
-    """On replay a step name now calls another function than the one recorded."""
+    """A replay does not match what the run recorded: a step name now calls another
+    function than the one recorded, or the replay reached a new step without
+    reaching steps recorded earlier."""
 
     code = "NON_DETERMINISTIC"
+
+
+class WorkflowStepLimitError(WorkflowError):
+    """A run was about to record more steps than its limit allows."""
+
+    code = "STEP_LIMIT"
+
+    def __init__(self, run_id: object, step: str, limit: int) -> None:
+        super().__init__(
+            f"Run {run_id} would record step {step!r} beyond its limit of {limit} steps. A "
+            "run that needs more: raise PIKKU['MAX_STEPS_PER_RUN'], or the workflow's "
+            "@workflow(max_steps=...); or split the work into child runs"
+        )
+        self.run_id = run_id
+        self.step = step
+        self.limit = limit
 
 
 class NotSerializableError(WorkflowError, TypeError):

@@ -24,6 +24,7 @@ from pikku_django.workflows._concurrency import (
     check_key_default,
 )
 from pikku_django.workflows._version_ids import check_version, code_version
+from pikku_django.workflows.config import check_max_steps
 from pikku_django.workflows.durations import Duration, parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -84,6 +85,8 @@ class WorkflowDefinition:
     #: body's first call, e.g. a task run's one step). Stored with the run, scheduled,
     #: so that a worker claims it without a first pass (None: the first pass stores it).
     opening: Callable[[uuid.UUID, Any], OpeningStep] | None = None
+    #: The most steps one of its runs may record (None: ``PIKKU["MAX_STEPS_PER_RUN"]``).
+    max_steps: int | None = None
 
     @property
     def carried_versions(self) -> frozenset[str]:
@@ -208,6 +211,7 @@ def workflow(
     concurrency_key: KeyDefault | None = None,
     concurrency_limit: int = 1,
     timeout: Duration | None = None,
+    max_steps: int | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -226,6 +230,7 @@ def workflow(
     concurrency_key: KeyDefault | None = None,
     concurrency_limit: int = 1,
     timeout: Duration | None = None,
+    max_steps: int | None = None,
 ) -> Any:
     """Register ``fn(ctx, input)`` as a workflow, under ``name`` or its function name.
 
@@ -241,7 +246,8 @@ def workflow(
     ``concurrency_key`` (text, or a function of the input returning it) makes runs
     sharing a key run ``concurrency_limit`` (default 1) at a time, in start order.
     ``timeout`` gives each run a deadline that long after its start (see
-    ``start_workflow(timeout=...)``).
+    ``start_workflow(timeout=...)``). ``max_steps`` is the most steps one of its
+    runs may record, in place of ``PIKKU["MAX_STEPS_PER_RUN"]``.
     """
     check_priority(priority)
     if queue is not None:
@@ -253,6 +259,7 @@ def workflow(
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(f"workflow {exc}") from None
     run_timeout = None if timeout is None else check_timeout(timeout)
+    step_limit = None if max_steps is None else check_max_steps(max_steps, "workflow max_steps=")
     for option, value in (("schedule", schedule), ("timezone", timezone)):
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ImproperlyConfigured(f"workflow {option}= must be a non-empty str, not {value!r}")
@@ -283,6 +290,7 @@ def workflow(
             key,
             concurrency_limit,
             run_timeout,
+            max_steps=step_limit,
         )
         _register(_workflows, wf_name, definition, "workflow")
         func.__pikku_workflow__ = wf_name  # type: ignore[attr-defined]

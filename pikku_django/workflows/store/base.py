@@ -8,6 +8,7 @@ a read of the database returns them.
 from __future__ import annotations
 
 import abc
+import contextlib
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import models
+from django.db import models, transaction
 from django.db.models import QuerySet
 
 from pikku_django.leases.base import Lease
@@ -197,7 +198,28 @@ class ChainedWrites:
         raise NotImplementedError
 
 
-class WorkflowStore(FreshClaims, ChainedWrites, abc.ABC):
+class KeyedStarts:
+    """How starts of one idempotency key meet: in turns where the database needs it,
+    and a taken key's run read past the caller's snapshot."""
+
+    #: The database alias (the store's).
+    using: str
+
+    def key_turn(self, workflow: str, idempotency_key: str) -> AbstractContextManager[Any]:
+        """Held while a start of ``idempotency_key`` inserts or changes its run, where
+        the database needs concurrent starts of one key to take turns."""
+        return contextlib.nullcontext()
+
+    def keyed_run(self, workflow: str, idempotency_key: str) -> WorkflowRun:
+        """The run of ``workflow`` holding ``idempotency_key``, as last committed (a
+        locking read: a repeatable-read snapshot taken before it was may not show
+        it), for a start whose insert found the key taken. DoesNotExist if none."""
+        with transaction.atomic(using=self.using):
+            taken = WorkflowRun.objects.using(self.using).select_for_update()
+            return taken.get(workflow=workflow, idempotency_key=idempotency_key)
+
+
+class WorkflowStore(KeyedStarts, FreshClaims, ChainedWrites, abc.ABC):
     """The workflow tables' operations on one database (``using``)."""
 
     vendor: str = ""

@@ -440,8 +440,10 @@ class OrmStore(WorkflowStore):
         ids = []
         for new in runs:
             options = new.run_options
+            key = new.idempotency_key
+            turn = contextlib.nullcontext() if key is None else self.key_turn(new.workflow, key)
             try:
-                with self.atomic():
+                with turn, self.atomic():
                     run = self.runs().create(
                         workflow=new.workflow,
                         input=new.input,
@@ -459,13 +461,9 @@ class OrmStore(WorkflowStore):
                     )
                 ids.append(run.id)
             except IntegrityError:
-                if new.idempotency_key is None:
+                if key is None:
                     raise
-                ids.append(
-                    self.runs()
-                    .values_list("id", flat=True)
-                    .get(workflow=new.workflow, idempotency_key=new.idempotency_key)
-                )
+                ids.append(self.keyed_run(new.workflow, key).id)
         if ids:
             self.notify()
         return ids

@@ -3,15 +3,64 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any
 
 from django.db import OperationalError, connections
 
+from pikku_django.models import WorkflowRun
+from pikku_django.workflows._values import NewStep
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.store.orm import LIMIT_LOCK_WAIT, OrmStore, queue_lock_name
+
+logger = logging.getLogger(__name__)
+
+#: The columns of a run's idempotency key.
+_KEY_FIELDS = ("workflow", "idempotency_key")
+
+#: Seconds a start waits for its key's named lock before it goes on without it: less
+#: than InnoDB's lock wait (50 s by default), so that a transaction starting its own
+#: key again while another start waits on that key's row holds neither up for good.
+KEY_LOCK_WAIT = 20
+
+
+def key_lock_name(workflow: str, idempotency_key: str) -> str:
+    """The name of the lock a start of ``idempotency_key`` takes (64 characters at most)."""
+    digest = hashlib.sha1(
+        f"{workflow}\x00{idempotency_key}".encode(), usedforsecurity=False
+    ).hexdigest()
+    return "pikku_start:" + digest
+
+
+@contextlib.contextmanager
+def named_lock(using: str, name: str, wait: float = KEY_LOCK_WAIT) -> Iterator[None]:
+    """MariaDB/MySQL's named lock ``name`` held over the block (not transactional:
+    released as the block ends); the block runs without it when not had in ``wait``."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT GET_LOCK(%s, %s)", [name, wait])
+        row = cursor.fetchone()
+        held = bool(row) and row[0] == 1
+        if not held:
+            logger.warning("Not given the lock %s within %gs: going on without it", name, wait)
+        try:
+            yield
+        finally:
+            if held:
+                with contextlib.suppress(Exception):
+                    cursor.execute("SELECT RELEASE_LOCK(%s)", [name])
+
+
+def _column(field: str) -> str:
+    """The column of ``WorkflowRun``'s ``field``."""
+    found = WorkflowRun._meta.get_field(field)
+    column = getattr(found, "column", None)
+    assert isinstance(column, str)
+    return column
 
 
 class SqliteStore(OrmStore):
@@ -31,6 +80,44 @@ class MysqlStore(OrmStore):
     """MariaDB and MySQL."""
 
     vendor = "mysql"
+
+    def create_run(
+        self, run: WorkflowRun, opening: NewStep | None, due_at: datetime | None
+    ) -> None:
+        if run.idempotency_key is None:
+            super().create_run(run, opening, due_at)
+            return
+        with self.key_turn(run.workflow, run.idempotency_key):
+            super().create_run(run, opening, due_at)
+
+    def key_turn(self, workflow: str, idempotency_key: str) -> AbstractContextManager[Any]:
+        # InnoDB: an insert that finds its key taken by a transaction not yet ended
+        # waits for it, with a shared lock on the key. If that transaction rolls back,
+        # every waiter inserts, each waiting on the others' shared locks; and starts
+        # that then lock the run to change it (debounced ones) each wait on the others'
+        # shared locks too. Either is a deadlock, which rolls back a start's whole
+        # transaction (its caller's writes too). A named lock per key lets one start
+        # wait at a time.
+        return named_lock(self.using, key_lock_name(workflow, idempotency_key))
+
+    def keyed_run(self, workflow: str, idempotency_key: str) -> WorkflowRun:
+        # A shared lock, not FOR UPDATE: every start that found the key taken holds a
+        # shared lock on it already (its insert took it), and raising those to
+        # exclusive ones deadlocks them with each other.
+        quote = connections[self.using].ops.quote_name
+        workflow_col, key_col = (quote(_column(field)) for field in _KEY_FIELDS)
+        found = list(
+            WorkflowRun.objects.db_manager(self.using).raw(
+                f"SELECT * FROM {quote(WorkflowRun._meta.db_table)} WHERE {workflow_col} = %s "
+                f"AND {key_col} = %s LOCK IN SHARE MODE",
+                [workflow, idempotency_key],
+            )
+        )
+        if not found:
+            raise WorkflowRun.DoesNotExist(
+                f"No run of {workflow!r} holds idempotency key {idempotency_key!r}"
+            )
+        return found[0]
 
     @contextlib.contextmanager
     def limited_claim(self, queues: Sequence[str]) -> Iterator[None]:
