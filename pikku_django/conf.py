@@ -133,6 +133,22 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a tick may be late (a busy or slow worker) and still count as on
     # time rather than missed.
     "SCHEDULE_GRACE": 60.0,
+    # Prometheus metrics of runs, steps, queues, workers and webhooks (pip install
+    # 'pikku-django[prometheus]'), served at the "metrics" URL of pikku_django.urls.
+    # Several processes on a host share them through PROMETHEUS_MULTIPROC_DIR.
+    "PROMETHEUS_METRICS": False,
+    # Who may scrape the metrics: a request carrying "Authorization: Bearer <token>"
+    # with this token (or one of a list, during a rotation), or a logged-in staff
+    # user with PROMETHEUS_PERMISSION.
+    "PROMETHEUS_TOKEN": None,
+    "PROMETHEUS_PERMISSION": "pikku_django.view_workflowrun",
+    # Report each step's final failure to Sentry (pip install 'pikku-django[sentry]';
+    # sentry_sdk.init() as usual), and with SENTRY_EACH_ATTEMPT every failed attempt.
+    "SENTRY": False,
+    "SENTRY_EACH_ATTEMPT": False,
+    # The site's base URL ("https://ops.example.com"), to make the admin links sent
+    # with reports absolute; None: the path alone.
+    "ADMIN_BASE_URL": None,
 }
 
 

@@ -2,6 +2,7 @@
 
 from django.urls import path, re_path
 
+from pikku_django.integrations.metrics_view import metrics
 from pikku_django.views import run_status, run_stream, webhook
 
 app_name = "pikku_django"
@@ -9,6 +10,8 @@ app_name = "pikku_django"
 urlpatterns = [
     path("runs/<uuid:run_id>/status", run_status, name="run-status"),
     path("runs/<uuid:run_id>/stream", run_stream, name="run-stream"),
+    # Prometheus metrics (PIKKU["PROMETHEUS_METRICS"]; 404 while it is off).
+    path("metrics", metrics, name="metrics"),
     # Every declared webhook source's route (default "webhooks/<name>/"); the view
     # answers 404 for a route no source declares.
     # Last, so the app's other URLs come first.

@@ -46,6 +46,7 @@ STEP_SIGNALS = (
     signals.step_attempt_started,
     signals.step_attempt_succeeded,
     signals.step_attempt_failed,
+    signals.step_attempt_superseded,
 )
 
 
@@ -218,4 +219,10 @@ class RunEvents:
                 error_type=type(error).__name__,
                 error_message=str(error),
                 will_retry=will_retry,
+                exception=error,
             )
+
+    def step_attempt_superseded(self, info: AttemptInfo | None, duration: float) -> None:
+        """The attempt lost its lease to a later one: nothing it did was recorded."""
+        if info is not None:
+            self.send(signals.step_attempt_superseded, **info.arguments(), duration=duration)
