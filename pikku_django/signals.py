@@ -45,8 +45,8 @@ added later):
     (or None), ``duration`` (seconds since the run started): when a run ends, and for
     each run ``cancel()`` cancels (its child runs too).
 ``webhook_received``
-    sent by the webhook view with ``sender`` the
-    :class:`~pikku_django.webhooks.WebhookSource`, and ``source`` (its name) and
+    sent by the webhook view with ``sender`` the source's class
+    (:class:`~pikku_django.webhooks.WebhookSource`), and ``source`` (its name) and
     ``status_code`` (the answer's HTTP status): once per request to a declared source's
     route, after its events are stored.
 

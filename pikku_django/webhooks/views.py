@@ -104,7 +104,10 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
         return _error(404, "no such webhook source")
     answer = _webhook(request, source)
     signals.send(
-        signals.webhook_received, source, source=source.name, status_code=answer.status_code
+        signals.webhook_received,
+        type(source),
+        source=source.name,
+        status_code=answer.status_code,
     )
     return answer
 
