@@ -178,6 +178,21 @@ def build_systems(database: str, procs: Processes, args: argparse.Namespace) -> 
                 kinds=(Kind.CHAIN,),
             )
         )
+    if getattr(args, "integrations", False):
+        systems.append(
+            Pikku(
+                "pikku_integrations_cma60",
+                "pikku, carried, CONN_MAX_AGE=60, Prometheus and Sentry on",
+                procs,
+                args.timeout,
+                conn_max_age=60,
+                carry=True,
+                carry_setting=CARRY_SETTING,
+                poll=poll,
+                kinds=(Kind.CHAIN, Kind.SINGLE),
+                integrations=True,
+            )
+        )
     if database == "postgres" and not args.no_peers:
         systems += prepare_peers(procs, args)
     return [s for s in systems if chosen(s, args)]
