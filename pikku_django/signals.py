@@ -91,8 +91,8 @@ ALL_SIGNALS: dict[str, Signal] = {
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
     """Send ``signal`` to every receiver; one that raises is logged, not propagated."""
-    if not signal.has_listeners(sender):
-        return
+    # send_robust returns at once when nothing listens: no has_listeners() first,
+    # which would look the receivers up a second time on every send.
     for receiver, result in signal.send_robust(sender, **kwargs):
         if isinstance(result, Exception):
             logger.error(

@@ -139,8 +139,33 @@ def webhook_outcome(status_code: int) -> str:
 # -- receivers -----------------------------------------------------------------------------
 
 
-def _step_labels(kw: dict[str, Any]) -> tuple[str, str, str]:
-    return (str(kw.get("workflow") or ""), step_label(str(kw["step"])), str(kw.get("queue") or ""))
+class _StepSeries:
+    """One step's series (by workflow, step label and queue), looked up once."""
+
+    __slots__ = ("claims", "duration", "failed", "lost", "retried", "succeeded")
+
+    def __init__(self, workflow: str, step: str, queue: str) -> None:
+        self.claims = STEP_CLAIMS.labels(workflow, step, queue)
+        self.succeeded = STEP_ATTEMPTS.labels(workflow, step, queue, "succeeded")
+        self.retried = STEP_ATTEMPTS.labels(workflow, step, queue, "retried")
+        self.failed = STEP_ATTEMPTS.labels(workflow, step, queue, "failed")
+        self.lost = LEASE_LOSSES.labels(workflow, step, queue)
+        self.duration = STEP_DURATION.labels(workflow, step)
+
+
+#: By (workflow, step name, queue) as the signals give them: each step's series.
+_series: dict[tuple[Any, Any, Any], _StepSeries] = {}
+
+
+def _step(kw: dict[str, Any]) -> _StepSeries:
+    key = (kw.get("workflow"), kw["step"], kw.get("queue"))
+    found = _series.get(key)
+    if found is None:
+        workflow, step, queue = key
+        found = _series.setdefault(
+            key, _StepSeries(str(workflow or ""), step_label(str(step)), str(queue or ""))
+        )
+    return found
 
 
 def on_run_started(sender: Any, *, workflow: str, **kw: Any) -> None:
@@ -152,27 +177,28 @@ def on_run_finished(sender: Any, *, workflow: str, status: str, **kw: Any) -> No
 
 
 def on_step_attempt_started(sender: Any, **kw: Any) -> None:
-    STEP_CLAIMS.labels(*_step_labels(kw)).inc()
+    _step(kw).claims.inc()
 
 
-def _ended(kw: dict[str, Any], outcome: str) -> None:
-    workflow, step, queue = _step_labels(kw)
-    STEP_ATTEMPTS.labels(workflow, step, queue, outcome).inc()
-    duration = kw.get("duration")
+def _observe(series: _StepSeries, duration: Any) -> None:
     if duration is not None:
-        STEP_DURATION.labels(workflow, step).observe(max(0.0, float(duration)))
+        series.duration.observe(max(0.0, float(duration)))
 
 
 def on_step_attempt_succeeded(sender: Any, **kw: Any) -> None:
-    _ended(kw, "succeeded")
+    series = _step(kw)
+    series.succeeded.inc()
+    _observe(series, kw.get("duration"))
 
 
 def on_step_attempt_failed(sender: Any, **kw: Any) -> None:
-    _ended(kw, "retried" if kw.get("will_retry") else "failed")
+    series = _step(kw)
+    (series.retried if kw.get("will_retry") else series.failed).inc()
+    _observe(series, kw.get("duration"))
 
 
 def on_step_attempt_superseded(sender: Any, **kw: Any) -> None:
-    LEASE_LOSSES.labels(*_step_labels(kw)).inc()
+    _step(kw).lost.inc()
 
 
 def on_webhook_received(sender: Any, *, source: str, status_code: int, **kw: Any) -> None:
