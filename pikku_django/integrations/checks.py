@@ -18,12 +18,12 @@ def _missing(setting: str) -> list[checks.CheckMessage]:
     if module is None:
         return []
     _, extra = PACKAGES[setting]
-    number = "E401" if setting == "PROMETHEUS_METRICS" else "E402"
+    check_id = "pikku_django.E401" if setting == "PROMETHEUS_METRICS" else "pikku_django.E402"
     return [
         checks.Error(
             f"PIKKU[{setting!r}] is on, but {module} is not installed: nothing is reported.",
             hint=f"pip install 'pikku-django[{extra}]', or turn PIKKU[{setting!r}] off.",
-            id=f"pikku_django.{number}",
+            id=check_id,
         )
     ]
 
