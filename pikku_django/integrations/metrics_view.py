@@ -17,9 +17,13 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 def configured_tokens(value: object) -> list[str]:
     """The bearer tokens ``PROMETHEUS_TOKEN`` allows (one, or a list during a rotation)."""
-    if value is None:
+    values: Iterable[object]
+    if isinstance(value, str):
+        values = [value]
+    elif isinstance(value, list | tuple):
+        values = value
+    else:
         return []
-    values: Iterable[object] = [value] if isinstance(value, str) else value  # type: ignore[assignment]
     return [token for token in values if isinstance(token, str) and token]
 
 
@@ -68,7 +72,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
             and user.has_perm(str(pikku_settings.PROMETHEUS_PERMISSION))
         ):
             return _refused(403, "this user may not read the metrics")
-    from pikku_django.integrations.prometheus import scrape
-
+    try:
+        from pikku_django.integrations.prometheus import scrape
+    except ImportError as exc:  # system check E401 says so too
+        return _refused(503, str(exc))
     body = scrape(str(pikku_settings.WORKFLOW_DATABASE))
     return HttpResponse(body, content_type=CONTENT_TYPE)
