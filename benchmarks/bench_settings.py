@@ -17,6 +17,9 @@ documented default:
     PIKKU_BENCH_RECOVERY_INTERVAL default 30     (PIKKU["RECOVERY_INTERVAL"], seconds)
     PIKKU_BENCH_STALLED_RUN_AFTER default 300    (PIKKU["STALLED_RUN_AFTER"], seconds)
     PIKKU_BENCH_LOG_LEVEL         default WARNING (the pikku_django logger)
+    PIKKU_BENCH_INTEGRATIONS      default 0      (1: PIKKU["PROMETHEUS_METRICS"] and
+                                  PIKKU["SENTRY"] on, with sentry_sdk.init() as below;
+                                  the worker sets PROMETHEUS_MULTIPROC_DIR)
 
 A database of its own, not ``pikku_bench``: a worker gives a pass to every
 running run in its database, and suspends runs of workflows it does not know
@@ -74,6 +77,26 @@ PIKKU = {
 }
 if CARRY_SETTING is not None and os.environ.get("PIKKU_BENCH_CARRY", "1") == "0":
     PIKKU[CARRY_SETTING] = False
+if os.environ.get("PIKKU_BENCH_INTEGRATIONS") == "1":
+    # throughput.py --integrations: the Prometheus metrics and Sentry's step reports, with
+    # the SDK set up as a project would (its default integrations; no framework
+    # integration, which a project has with or without pikku's) and a transport that
+    # drops what it is given, so nothing leaves the machine.
+    import sentry_sdk
+    from sentry_sdk.envelope import Envelope
+    from sentry_sdk.transport import Transport
+
+    class _Dropped(Transport):
+        def capture_envelope(self, envelope: Envelope) -> None:
+            pass
+
+    sentry_sdk.init(
+        dsn="https://public@sentry.invalid/1",
+        transport=_Dropped(),
+        auto_enabling_integrations=False,
+    )
+    PIKKU["PROMETHEUS_METRICS"] = True
+    PIKKU["SENTRY"] = True
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

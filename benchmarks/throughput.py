@@ -30,10 +30,15 @@ step's start. The worker memory phase runs ``--memory-steps`` (100,000) steps of
 ``bench.payload`` (nine queued steps in ten, 1 KB in and out of each) through one
 long-lived worker and judges the slope of its resident memory over the last half.
 
+With ``--integrations``, pikku also runs 10-step and 1-step runs with
+``PIKKU["PROMETHEUS_METRICS"]`` and ``PIKKU["SENTRY"]`` on (``PROMETHEUS_MULTIPROC_DIR``
+set, ``sentry_sdk.init()`` with a transport that drops events), next to the same
+configuration with them off.
+
 Targets (medians, each system at its best concurrency, pikku with CONN_MAX_AGE 60):
 10-step runs >= 1.5x Procrastinate chains and >= 1.5x DBOS queued workflows; 1-step
 runs >= 1.0x Procrastinate single jobs; inline >= 2x DBOS direct; memory slope < 50
-bytes a step.
+bytes a step; with ``--integrations``, on >= 0.95x off for 10-step and 1-step runs.
 
 Run it from the repository root on a quiet machine:
 
@@ -118,6 +123,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="count server transactions per unit on PostgreSQL (about 25 s more a batch)",
     )
+    add(
+        "--integrations",
+        action="store_true",
+        help="also pikku (carried, CONN_MAX_AGE 60) with the Prometheus and Sentry "
+        "integrations on, 10-step and 1-step runs, as a ratio to them off",
+    )
     add("--child", choices=DATABASES, help=argparse.SUPPRESS)
     if parser.parse_known_args(argv)[0].quick:  # smaller defaults; options given still win
         parser.set_defaults(
@@ -156,6 +167,7 @@ def child_argv(args: argparse.Namespace, database: str) -> list[str]:
         *("--conn-max-age", ",".join(map(str, args.conn_max_age))),
         *("--timeout", str(args.timeout)),
         *(["--transactions"] if args.transactions else []),
+        *(["--integrations"] if args.integrations else []),
         *(["--systems", ",".join(args.systems)] if args.systems else []),
         *(["--kinds", ",".join(args.kinds)] if args.kinds else []),
     ]
@@ -251,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                     "quick": args.quick,
                     "systems": args.systems or "all",
                     "kinds": args.kinds or "all",
+                    "integrations": args.integrations,
                 },
                 "docs": DOCS,
                 "machine": machine(

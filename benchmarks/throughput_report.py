@@ -12,6 +12,8 @@ from benchlib import format_table
 #: pikku's configuration the targets judge: the one the README recommends for workers.
 RECOMMENDED = "pikku_carried_cma60"
 MEMORY_TARGET_BYTES_PER_STEP = 50.0
+#: The recommended configuration with the Prometheus and Sentry integrations on.
+INTEGRATIONS = "pikku_integrations_cma60"
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,9 @@ PAIRINGS = (
         "CONN_MAX_AGE 60 vs 0, 1 queued step", RECOMMENDED, "pikku_carried_cma0", "single", None
     ),
     Pairing("CONN_MAX_AGE 60 vs 0, inline", RECOMMENDED, "pikku_carried_cma0", "inline", None),
+    # --integrations: the Prometheus metrics and Sentry reports on, next to off.
+    Pairing("integrations on vs off, 10 queued steps", INTEGRATIONS, RECOMMENDED, "chain", 0.95),
+    Pairing("integrations on vs off, 1 queued step", INTEGRATIONS, RECOMMENDED, "single", 0.95),
 )
 
 

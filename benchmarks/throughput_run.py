@@ -165,6 +165,21 @@ def build_systems(database: str, procs: Processes, args: argparse.Namespace) -> 
                 kinds=(Kind.CHAIN, Kind.SINGLE, Kind.INLINE),
             )
         )
+        if cma == 60 and getattr(args, "integrations", False):  # next to it off
+            systems.append(
+                Pikku(
+                    "pikku_integrations_cma60",
+                    "pikku, carried, CONN_MAX_AGE=60, Prometheus and Sentry on",
+                    procs,
+                    args.timeout,
+                    conn_max_age=60,
+                    carry=True,
+                    carry_setting=CARRY_SETTING,
+                    poll=poll,
+                    kinds=(Kind.CHAIN, Kind.SINGLE),
+                    integrations=True,
+                )
+            )
         systems.append(
             Pikku(
                 f"pikku_claimed_cma{cma}",

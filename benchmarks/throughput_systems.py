@@ -27,6 +27,7 @@ import itertools
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -130,10 +131,11 @@ class Pikku(System):
         carry_setting: str | None,
         poll: float,
         kinds: tuple[Kind, ...],
+        integrations: bool = False,
     ) -> None:
         super().__init__(key, label, procs, timeout)
         self.conn_max_age, self.carry, self.carry_setting = conn_max_age, carry, carry_setting
-        self.poll, self.kinds = poll, kinds
+        self.poll, self.kinds, self.integrations = poll, kinds, integrations
 
     def unavailable(self) -> str | None:
         if not self.carry and self.carry_setting is None:
@@ -148,6 +150,10 @@ class Pikku(System):
         }
         if not self.carry and self.carry_setting is not None:
             out[f"PIKKU[{self.carry_setting!r}]"] = False
+        if self.integrations:
+            out["PIKKU['PROMETHEUS_METRICS']"] = out["PIKKU['SENTRY']"] = True
+            out["PROMETHEUS_MULTIPROC_DIR"] = "a fresh directory per start"
+            out["sentry_sdk.init"] = "default integrations, a transport that drops events"
         return out
 
     def start(self, concurrency: int, processes: int) -> None:
@@ -156,6 +162,11 @@ class Pikku(System):
             "PIKKU_BENCH_CARRY": "1" if self.carry else "0",
             "PIKKU_BENCH_POLL": repr(self.poll),
         }
+        if self.integrations:
+            shared = self.procs.logdir / f"prometheus-{self.key}-c{concurrency}"
+            shutil.rmtree(shared, ignore_errors=True)
+            shared.mkdir(parents=True)
+            env |= {"PIKKU_BENCH_INTEGRATIONS": "1", "PROMETHEUS_MULTIPROC_DIR": str(shared)}
         for i in range(processes):
             name = f"{self.key}-c{concurrency}-{i}"
             self.procs.start(

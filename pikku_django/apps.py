@@ -14,6 +14,8 @@ class PikkuConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from pikku_django import checks, conf  # noqa: F401  (registers checks and signals)
+        from pikku_django.integrations import checks as integration_checks  # noqa: F401
+        from pikku_django.integrations import install_configured
         from pikku_django.schedules import checks as schedule_checks  # noqa: F401
         from pikku_django.schedules import intake as schedule_intake
         from pikku_django.tasks import checks as task_checks  # noqa: F401
@@ -31,3 +33,4 @@ class PikkuConfig(AppConfig):
         discover_workflows()
         discover_sources()
         post_migrate.connect(sync_after_migrate, sender=self)
+        install_configured()  # Prometheus and Sentry, where PIKKU switches them on

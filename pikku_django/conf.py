@@ -146,6 +146,22 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a tick may be late (a busy or slow worker) and still count as on
     # time rather than missed.
     "SCHEDULE_GRACE": 60.0,
+    # Prometheus metrics of runs, steps, queues, workers and webhooks (pip install
+    # 'pikku-django[prometheus]'), served at the "metrics" URL of pikku_django.urls.
+    # Several processes on a host share them through PROMETHEUS_MULTIPROC_DIR.
+    "PROMETHEUS_METRICS": False,
+    # Who may scrape the metrics: a request carrying "Authorization: Bearer <token>"
+    # with this token (or one of a list, during a rotation), or a logged-in staff
+    # user with PROMETHEUS_PERMISSION.
+    "PROMETHEUS_TOKEN": None,
+    "PROMETHEUS_PERMISSION": "pikku_django.view_workflowrun",
+    # Report each step's final failure to Sentry (pip install 'pikku-django[sentry]';
+    # sentry_sdk.init() as usual), and with SENTRY_EACH_ATTEMPT every failed attempt.
+    "SENTRY": False,
+    "SENTRY_EACH_ATTEMPT": False,
+    # The site's base URL ("https://ops.example.com"), to make the admin links sent
+    # with reports absolute; None: the path alone.
+    "ADMIN_BASE_URL": None,
 }
 
 
@@ -276,6 +292,21 @@ RULES: dict[str, Rule] = {
         check_id="pikku_django.E302",
     ),
     "MAX_STEPS_PER_RUN": COUNT,
+    "PROMETHEUS_METRICS": FLAG,
+    "PROMETHEUS_TOKEN": Rule(
+        (str, list, tuple),
+        "None, a non-empty str or a list of them",
+        allows_none=True,
+        check_id="pikku_django.E403",
+    ),
+    "PROMETHEUS_PERMISSION": Rule(
+        (str,), "a str: 'app_label.codename'", check_id="pikku_django.E405"
+    ),
+    "SENTRY": FLAG,
+    "SENTRY_EACH_ATTEMPT": FLAG,
+    "ADMIN_BASE_URL": Rule(
+        (str,), "an http(s) URL as a str, or None", allows_none=True, check_id="pikku_django.E406"
+    ),
     "WEBHOOK_DIGEST_RETENTION": Rule(
         (int, float, str, timedelta),
         "seconds, a timedelta or text like '365d', or None",

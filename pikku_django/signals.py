@@ -30,14 +30,25 @@ added later):
     (seconds).
 ``step_attempt_failed``
     as ``step_attempt_succeeded``, plus ``error_type``, ``error_message`` and
-    ``will_retry`` (whether another attempt follows); sent once the attempt's result
-    (or error) is stored, fenced by its attempt, so a superseded attempt sends neither.
+    ``will_retry`` (whether another attempt follows) and ``exception`` (the exception
+    the step raised, with its traceback); sent once the attempt's result (or error) is
+    stored, fenced by its attempt, so a superseded attempt sends neither.
+``step_attempt_superseded``
+    ``run_id``, ``workflow``, ``step``, ``attempt``, ``queue``, ``worker``, ``duration``:
+    the attempt's lease lapsed and another attempt took the step over, so what it
+    returned or raised was not recorded (a lost lease). Sent by the worker whose
+    attempt lost, instead of ``step_attempt_succeeded`` or ``step_attempt_failed``.
 ``run_suspended``
     ``run_id``, ``workflow``, ``reason``.
 ``run_finished``
     ``run_id``, ``workflow``, ``status`` (completed, failed or cancelled), ``error_type``
     (or None), ``duration`` (seconds since the run started): when a run ends, and for
     each run ``cancel()`` cancels (its child runs too).
+``webhook_received``
+    sent by the webhook view with ``sender`` the source's class
+    (:class:`~pikku_django.webhooks.WebhookSource`), and ``source`` (its name) and
+    ``status_code`` (the answer's HTTP status): once per request to a declared source's
+    route, after its events are stored.
 
 Receivers run in the sender's thread, after the change is committed; an exception
 in a receiver is logged and does not stop the engine (they are sent with
@@ -59,8 +70,10 @@ run_pass_finished = Signal()
 step_attempt_started = Signal()
 step_attempt_succeeded = Signal()
 step_attempt_failed = Signal()
+step_attempt_superseded = Signal()
 run_suspended = Signal()
 run_finished = Signal()
+webhook_received = Signal()
 
 ALL_SIGNALS: dict[str, Signal] = {
     "run_started": run_started,
@@ -69,15 +82,17 @@ ALL_SIGNALS: dict[str, Signal] = {
     "step_attempt_started": step_attempt_started,
     "step_attempt_succeeded": step_attempt_succeeded,
     "step_attempt_failed": step_attempt_failed,
+    "step_attempt_superseded": step_attempt_superseded,
     "run_suspended": run_suspended,
     "run_finished": run_finished,
+    "webhook_received": webhook_received,
 }
 
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
     """Send ``signal`` to every receiver; one that raises is logged, not propagated."""
-    if not signal.has_listeners(sender):
-        return
+    # send_robust returns at once when nothing listens: no has_listeners() first,
+    # which would look the receivers up a second time on every send.
     for receiver, result in signal.send_robust(sender, **kwargs):
         if isinstance(result, Exception):
             logger.error(
@@ -98,4 +113,6 @@ __all__ = [
     "step_attempt_failed",
     "step_attempt_started",
     "step_attempt_succeeded",
+    "step_attempt_superseded",
+    "webhook_received",
 ]

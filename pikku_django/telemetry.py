@@ -25,9 +25,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from django.db.models import Count, Min
 from django.dispatch import Signal
-from django.utils import timezone
 
 try:
     from opentelemetry import metrics, trace
@@ -41,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - said to the user at import
 
 from pikku_django import signals
 from pikku_django._version import __version__
+from pikku_django.integrations._queries import queue_depths
 from pikku_django.workflows.tracing import set_trace_context_provider
 
 logger = logging.getLogger(__name__)
@@ -54,24 +53,6 @@ def current_trace_context() -> dict[str, str] | None:
     carrier: dict[str, str] = {}
     inject(carrier)
     return carrier or None
-
-
-def queue_depths(using: str) -> list[tuple[str, int, float]]:
-    """(queue, steps due and waiting, seconds the oldest has waited) per queue."""
-    from pikku_django.admin.queries import ready_steps
-    from pikku_django.models import WorkflowStep
-
-    now = timezone.now()
-    rows = (
-        ready_steps(WorkflowStep.objects.using(using).order_by(), now)
-        .values("queue")
-        .annotate(n=Count("id"), oldest=Min("available_at"))
-    )
-    return [
-        (row["queue"], row["n"], max(0.0, (now - row["oldest"]).total_seconds()))
-        for row in rows
-        if row["oldest"] is not None
-    ]
 
 
 class Telemetry:

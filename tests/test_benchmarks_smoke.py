@@ -113,7 +113,7 @@ def test_throughput_quick(pg_names: dict[str, str]) -> None:
         "throughput.py",
         *("--quick", "--databases", "postgres,sqlite", "--conn-max-age", "60"),
         *("--memory-steps", "200", "--latency-runs", "1", "--warmup", "1"),
-        *("--runs", "6", "--steps", "5"),
+        *("--runs", "6", "--steps", "5", "--integrations"),
         env=pg_names,
         timeout=170,
     )
@@ -145,6 +145,8 @@ def test_throughput_quick(pg_names: dict[str, str]) -> None:
     for peer, present in peers.items():
         assert (pg["systems"][peer]["unavailable"] is None) is present
     pairings = {(p["database"], p["theirs"], p["kind"]) for p in report["targets"]["pairings"]}
+    for kind in ("chain", "single"):  # --integrations: on, next to off
+        assert ("postgres", "pikku_carried_cma60", kind) in pairings
     if peers["procrastinate"]:
         assert ("postgres", "procrastinate", "chain") in pairings
         assert ("postgres", "procrastinate", "single") in pairings

@@ -62,6 +62,12 @@ CASES: dict[str, tuple[Any, Any]] = {
     "SCHEDULE_GRACE": ("1m", 0),
     "WEBHOOK_DIGEST_RETENTION": ([365], "30d"),
     "MAX_STEPS_PER_RUN": (0, 5_000),
+    "PROMETHEUS_METRICS": ("on", True),
+    "PROMETHEUS_TOKEN": (42, ["a-token", "the-next-token"]),
+    "PROMETHEUS_PERMISSION": (["pikku_django.view_workflowrun"], "auth.view_user"),
+    "SENTRY": (1, True),
+    "SENTRY_EACH_ATTEMPT": ("yes", True),
+    "ADMIN_BASE_URL": (8000, "https://ops.example.com"),
 }
 
 

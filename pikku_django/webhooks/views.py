@@ -23,6 +23,7 @@ from django.db import InterfaceError, OperationalError, connections, router, tra
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from pikku_django import signals
 from pikku_django.conf import pikku_settings
 from pikku_django.models import TriggerSource
 from pikku_django.webhooks._send_events import NoRunForEventError
@@ -121,6 +122,17 @@ def webhook(request: HttpRequest, route: str) -> HttpResponse:
     source = source_for_route(route)
     if source is None:
         return unmatched(request, route)
+    answer = _webhook(request, source)
+    signals.send(
+        signals.webhook_received,
+        type(source),
+        source=source.name,
+        status_code=answer.status_code,
+    )
+    return answer
+
+
+def _webhook(request: HttpRequest, source: WebhookSource) -> HttpResponse:
     using = router.db_for_write(TriggerSource)  # never a replica: the switch must be current
     try:
         state = RequestState(

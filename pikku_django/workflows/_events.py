@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from pikku_django import signals
 from pikku_django.models import RunStatus, StepAttempt, WorkflowRun
-from pikku_django.workflows._values import ClaimedStep, Settled
+from pikku_django.workflows._values import CarriedRun, ClaimedStep, Settled
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,42 @@ STEP_SIGNALS = (
     signals.step_attempt_started,
     signals.step_attempt_succeeded,
     signals.step_attempt_failed,
+    signals.step_attempt_superseded,
 )
 
 
 def seconds_since(moment: datetime | None) -> float | None:
     return None if moment is None else max(0.0, (timezone.now() - moment).total_seconds())
+
+
+def carried_attempt_info(claimed: ClaimedStep, carried: CarriedRun) -> AttemptInfo | None:
+    """The attempt's info from the run its pass carries, without a query; None when
+    the carried run lacks something (a field not loaded, the step's creation time)."""
+    run = carried.run
+    step = carried.steps.get(claimed.name)
+    if not claimed.worker or step is None or step.id != claimed.step_id:
+        return None
+    if {"workflow", "trace_context"} & run.get_deferred_fields():
+        return None
+    latency = None
+    if claimed.attempt == 1:
+        created: datetime | None = step.created_at  # None until the row is read back
+        if created is None:  # stored by the statement that claimed it
+            latency = 0.0
+        elif claimed.started_at is not None:
+            latency = max(0.0, (claimed.started_at - created).total_seconds())
+        else:
+            return None
+    return AttemptInfo(
+        claimed.run_id,
+        run.workflow,
+        claimed.name,
+        claimed.attempt,
+        claimed.queue,
+        claimed.worker,
+        latency,
+        run.trace_context,
+    )
 
 
 class RunEvents:
@@ -139,6 +170,10 @@ class RunEvents:
         """The run and claim of a step's attempt (one query), or None when nobody listens."""
         if not self.listened(*STEP_SIGNALS):
             return None
+        if claimed.carried is not None:
+            carried = carried_attempt_info(claimed, claimed.carried)
+            if carried is not None:
+                return carried
         row = (
             StepAttempt.objects.using(self.using)
             .filter(step_id=claimed.step_id, attempt=claimed.attempt)
@@ -218,4 +253,10 @@ class RunEvents:
                 error_type=type(error).__name__,
                 error_message=str(error),
                 will_retry=will_retry,
+                exception=error,
             )
+
+    def step_attempt_superseded(self, info: AttemptInfo | None, duration: float) -> None:
+        """The attempt lost its lease to a later one: nothing it did was recorded."""
+        if info is not None:
+            self.send(signals.step_attempt_superseded, **info.arguments(), duration=duration)

@@ -214,6 +214,8 @@ class Execution:
     def _ended(self, outcome: StepOutcome, info: AttemptInfo | None, began: float) -> StepOutcome:
         if outcome is StepOutcome.SUCCEEDED:
             self.states.events.step_attempt_succeeded(info, time.monotonic() - began)
+        elif outcome is StepOutcome.SUPERSEDED:
+            self.states.events.step_attempt_superseded(info, time.monotonic() - began)
         return outcome
 
     def _run_signalled(
