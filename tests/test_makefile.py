@@ -21,6 +21,9 @@ def planned(target: str, tmp_path: Path) -> list[str]:
             "make",
             "-n",
             "-B",
+            # Under `make test` this runs in a sub-make, which would print "Entering
+            # directory" lines among the commands.
+            "--no-print-directory",
             target,
             f"VENV={tmp_path / 'venv'}",
             f"VENV_LATEST={tmp_path / 'venv-latest'}",
