@@ -6,10 +6,15 @@ What each signs decides how its replays are refused
 (:attr:`~pikku_django.webhooks.verify.Verifier.replay_guard`): GitHub, Shopify and
 SendGrid without a window sign no timestamp checked against one, so each signed body
 is accepted once per source; the others refuse a replay outside their window.
+
+``GitHub`` and ``Stripe`` can also register their source with the provider, when told
+where (see :mod:`~pikku_django.webhooks.providers`): the source then takes its
+``check``, ``setup`` and ``teardown`` from the preset's ``registration``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from pikku_django.webhooks._public_keys import (
@@ -17,6 +22,8 @@ from pikku_django.webhooks._public_keys import (
     load_public_key,
     verify_public_key_signature,
 )
+from pikku_django.webhooks.providers import DEFAULT_TIMEOUT as PROVIDER_TIMEOUT
+from pikku_django.webhooks.providers import GitHubRegistration, StripeRegistration
 from pikku_django.webhooks.signatures import (
     Headers,
     MalformedSignatureError,
@@ -55,9 +62,24 @@ class GitHub(HMAC):
     check compares the text. The delivery id (``X-GitHub-Delivery``) is not
     covered by the signature and nothing dates it, so each signed body is accepted
     once per source.
+
+    With ``repository="owner/repo"`` (or ``organization="org"``) and
+    ``token_credential=`` (the credential holding a token allowed to manage its
+    webhooks), enabling the source registers its webhook through GitHub's API
+    (``api_url`` for GitHub Enterprise: ``https://HOST/api/v3``) for ``events``
+    (default: the source's events; ``["*"]`` when it declares none).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        repository: str | None = None,
+        organization: str | None = None,
+        token_credential: str | None = None,
+        events: Sequence[str] | None = None,
+        api_url: str = "https://api.github.com",
+        timeout: float = PROVIDER_TIMEOUT,
+    ) -> None:
         super().__init__(
             "X-Hub-Signature-256",
             prefix="sha256=",
@@ -66,9 +88,26 @@ class GitHub(HMAC):
             exact_case=True,
             delivery_id_header="X-GitHub-Delivery",
         )
+        #: How the source registers itself (``repository=``/``organization=``), or None.
+        self.registration: GitHubRegistration | None = None
+        if repository is not None or organization is not None or token_credential is not None:
+            if token_credential is None:
+                raise ValueError("GitHub(repository=/organization=) needs token_credential=")
+            self.registration = GitHubRegistration(
+                repository=repository,
+                organization=organization,
+                token_credential=token_credential,
+                events=events,
+                api_url=api_url,
+                timeout=timeout,
+            )
+        elif events is not None:
+            raise ValueError("GitHub(events=) is for registration: give repository= too")
 
     def __repr__(self) -> str:
-        return "GitHub()"
+        if self.registration is None:
+            return "GitHub()"
+        return f"GitHub(registration={self.registration!r})"
 
 
 class Shopify(HMAC):
@@ -134,6 +173,10 @@ class Stripe(Verifier[bytes]):
     skipped, any ``v1`` may match, and only lower-case hex matches. The
     ``whsec_...`` secret is the HMAC key as it is (UTF-8), not decoded. Stripe
     puts the event id in the body, so there is no delivery id here.
+
+    With ``secret_key_credential=`` (the credential holding the account's secret key),
+    enabling the source makes its webhook endpoint through Stripe's API for ``events``
+    (default: the source's events) and stores the signing secret Stripe returns.
     """
 
     header = "Stripe-Signature"
@@ -142,8 +185,29 @@ class Stripe(Verifier[bytes]):
         "v1": SignatureFormat("hex", 32, lower_hex=True)
     }
 
-    def __init__(self, tolerance: int | None = DEFAULT_TOLERANCE) -> None:
+    def __init__(
+        self,
+        tolerance: int | None = DEFAULT_TOLERANCE,
+        *,
+        secret_key_credential: str | None = None,
+        events: Sequence[str] | None = None,
+        api_url: str = "https://api.stripe.com",
+        api_version: str | None = None,
+        timeout: float = PROVIDER_TIMEOUT,
+    ) -> None:
         self.tolerance = check_tolerance(tolerance)
+        #: How the source registers itself (``secret_key_credential=``), or None.
+        self.registration: StripeRegistration | None = None
+        if secret_key_credential is not None:
+            self.registration = StripeRegistration(
+                secret_key_credential=secret_key_credential,
+                events=events,
+                api_url=api_url,
+                api_version=api_version,
+                timeout=timeout,
+            )
+        elif events is not None:
+            raise ValueError("Stripe(events=) is for registration: give secret_key_credential=")
 
     def _parse(self, headers: Headers, body: bytes) -> SignedMessage:
         raw_timestamp: str | None = None

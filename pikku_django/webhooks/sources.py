@@ -184,6 +184,16 @@ class WebhookSource:
             self.credential = credential_name(self.name)
         if not callable(self.receive):
             raise ImproperlyConfigured(f"Webhook source {self.name!r} needs a receive callable")
+        registration = getattr(self.verify, "registration", None)
+        if registration is not None:
+            if self.check is not None or self.setup is not None or self.teardown is not None:
+                raise ImproperlyConfigured(
+                    f"Webhook source {self.name!r} registers through {self.verify!r}: "
+                    "declare no check, setup or teardown of its own"
+                )
+            self.check = registration.check
+            self.setup = registration.setup
+            self.teardown = registration.teardown
 
     @property
     def event_keys(self) -> list[str]:
