@@ -59,7 +59,8 @@ def redacted(text: str, hidden: Iterable[str]) -> str:
     return text
 
 
-def _httpx() -> Any:
+def load_httpx() -> Any:
+    """The httpx module, or ImproperlyConfigured saying which extra installs it."""
     try:
         import httpx
     except ImportError as exc:
@@ -70,7 +71,8 @@ def _httpx() -> Any:
     return httpx
 
 
-def _credential(name: str, what: str) -> str:
+def required_value(name: str, what: str) -> str:
+    """The first value of credential ``name`` (``what`` it holds, for the error)."""
     values = credential_values(name)
     if not values:
         raise ProviderError(
@@ -119,7 +121,7 @@ class ProviderRegistration(ABC):
     ) -> Any:
         """One request; the decoded JSON answer, None for an empty one or (with
         ``missing_ok``) a 404; :class:`ProviderError` otherwise."""
-        httpx = _httpx()
+        httpx = load_httpx()
         headers, secret_values = self._headers()
         hide = [*secret_values, *hidden]
         try:
@@ -209,7 +211,7 @@ class GitHubRegistration(ProviderRegistration):
         )
 
     def _headers(self) -> tuple[dict[str, str], list[str]]:
-        token = _credential(self.token_credential, "the GitHub token")
+        token = required_value(self.token_credential, "the GitHub token")
         return (
             {
                 "Authorization": f"Bearer {token}",
@@ -318,7 +320,7 @@ class StripeRegistration(ProviderRegistration):
         self.api_version = api_version
 
     def _headers(self) -> tuple[dict[str, str], list[str]]:
-        key = _credential(self.secret_key_credential, "the Stripe secret key")
+        key = required_value(self.secret_key_credential, "the Stripe secret key")
         headers = {"Authorization": f"Bearer {key}"}
         if self.api_version:
             headers["Stripe-Version"] = self.api_version
