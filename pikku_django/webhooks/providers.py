@@ -13,7 +13,7 @@ import logging
 import re
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -114,7 +114,7 @@ class ProviderRegistration(ABC):
         path: str,
         *,
         json: Any = None,
-        data: Sequence[tuple[str, str]] | None = None,
+        data: Mapping[str, str | list[str]] | None = None,
         params: dict[str, str] | None = None,
         missing_ok: bool = False,
         hidden: Sequence[str] = (),
@@ -350,9 +350,12 @@ class StripeRegistration(ProviderRegistration):
     def setup(self, ctx: ProviderContext) -> dict[str, Any]:
         """Make a new endpoint (its secret becomes the credential's newest value), then
         delete the one kept before, so deliveries never stop in between."""
-        form = [("url", ctx.url), ("description", ctx.label)]
-        form += [("enabled_events[]", event) for event in self._events(ctx)]
-        form.append(("metadata[pikku_source]", ctx.source.name))
+        form: dict[str, str | list[str]] = {
+            "url": ctx.url,
+            "description": ctx.label,
+            "enabled_events[]": self._events(ctx),
+            "metadata[pikku_source]": ctx.source.name,
+        }
         endpoint = self._request("POST", "/v1/webhook_endpoints", data=form)
         secret = endpoint.get("secret") if isinstance(endpoint, dict) else None
         if not isinstance(secret, str) or not secret or "id" not in endpoint:
