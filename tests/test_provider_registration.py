@@ -222,7 +222,7 @@ def test_a_token_credential_without_a_value_is_named(
     assert api.requests == []
 
 
-def test_declarations_are_checked() -> None:
+def test_declarations_are_checked(api: ProviderAPI) -> None:
     with pytest.raises(ValueError, match="needs token_credential"):
         GitHub(repository="acme/shop")
     with pytest.raises(ValueError, match="owner/repo"):
@@ -240,6 +240,14 @@ def test_declarations_are_checked() -> None:
     assert Stripe().registration is None
     plain = WebhookSource(name="plain", verify=GitHub(), receive=receive)
     assert (plain.check, plain.setup, plain.teardown) == (None, None, None)
+    manual = register_source(
+        WebhookSource(name="stripe-manual", verify=Stripe(), receive=receive, events={"x": None})
+    )
+    try:
+        assert enable("stripe-manual", base_url=BASE).status == "manual"
+    finally:
+        unregister_source(manual.name)
+    assert api.requests == []
 
 
 def test_github_enterprise_takes_its_api_url() -> None:
@@ -333,15 +341,3 @@ def test_an_unreachable_provider_is_a_clear_error(declared: dict[str, WebhookSou
         registration.check(ctx)
     assert STRIPE_KEY not in str(caught.value)
     assert caught.value.status is None
-
-
-def test_a_source_without_registration_stays_manual(api: ProviderAPI) -> None:
-    source = register_source(
-        WebhookSource(name="stripe-manual", verify=Stripe(), receive=receive, events={"x": None})
-    )
-    try:
-        assert enable("stripe-manual", base_url=BASE).status == "manual"
-    finally:
-        unregister_source(source.name)
-    assert api.requests == []
-
