@@ -68,7 +68,8 @@ def test_no_scope_parameter_without_scopes() -> None:
 
 def test_the_authorize_url_carries_the_state_and_extra_parameters() -> None:
     state = new_state()
-    assert len(state) >= 40 and state != new_state()
+    assert len(state) >= 40
+    assert state != new_state()
     url = credential(authorize_url=AUTHORIZE + "?tenant=x").authorization_url(
         state, extra={"access_type": "offline"}
     )
