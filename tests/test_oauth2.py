@@ -183,3 +183,13 @@ def test_without_tokens_or_a_refresh_token_it_says_what_to_do(api: ProviderAPI) 
     with pytest.raises(OAuth2Error, match="no refresh token: authorize again"):
         oauth.access_token()
     assert api.requests == []
+
+
+def test_a_value_that_is_not_tokens_is_named(api: ProviderAPI) -> None:
+    oauth = credential(api.url)
+    set_credential("twistOAuth2", "an-access-token-set-by-hand")
+    with pytest.raises(OAuth2Error, match="credential 'twistOAuth2' is not OAuth2 tokens"):
+        oauth.access_token()
+    with pytest.raises(OAuth2Error, match="is not OAuth2 tokens"):
+        oauth.refresh()
+    assert api.requests == []

@@ -86,15 +86,19 @@ class OAuth2Tokens:
 
     @classmethod
     def from_json(cls, text: str) -> OAuth2Tokens:
-        data = json.loads(text)
-        expires = data.get("expires_at")
-        return cls(
-            access_token=data["access_token"],
-            refresh_token=data.get("refresh_token"),
-            expires_at=datetime.fromisoformat(expires) if expires else None,
-            token_type=data.get("token_type") or "Bearer",
-            scope=data.get("scope"),
-        )
+        """Tokens as :meth:`to_json` wrote them; ValueError for any other text."""
+        try:
+            data = json.loads(text)
+            expires = data.get("expires_at")
+            return cls(
+                access_token=str(data["access_token"]),
+                refresh_token=data.get("refresh_token"),
+                expires_at=datetime.fromisoformat(expires) if expires else None,
+                token_type=data.get("token_type") or "Bearer",
+                scope=data.get("scope"),
+            )
+        except (ValueError, TypeError, KeyError, AttributeError):
+            raise ValueError("the value is not OAuth2 tokens as stored") from None
 
     def __repr__(self) -> str:  # tokens are secrets: never shown
         return f"OAuth2Tokens(expires_at={self.expires_at!r}, scope={self.scope!r})"
@@ -208,7 +212,16 @@ class OAuth2Credential:
     def tokens(self) -> OAuth2Tokens | None:
         """The stored tokens (the newest value), or None before any exchange."""
         values = credential_values(self.name)
-        return OAuth2Tokens.from_json(values[0]) if values else None
+        return self._decoded(values[0]) if values else None
+
+    def _decoded(self, text: str) -> OAuth2Tokens:
+        try:
+            return OAuth2Tokens.from_json(text)
+        except ValueError:
+            raise OAuth2Error(
+                f"The value of credential {self.name!r} is not OAuth2 tokens: exchange a code "
+                "to store them (retire a value set by hand)"
+            ) from None
 
     def store(self, tokens: OAuth2Tokens) -> None:
         """Store ``tokens`` encrypted as the credential's only active value."""
@@ -241,7 +254,7 @@ class OAuth2Credential:
             )
             if row is None:
                 raise OAuth2Error(f"No tokens are stored for {self.name!r}: authorize first")
-            current = OAuth2Tokens.from_json(decrypt(row.ciphertext, self.name))
+            current = self._decoded(decrypt(row.ciphertext, self.name))
             if only_if_expiring and not current.expires_within(self.refresh_margin):
                 return current
             if not current.refresh_token:

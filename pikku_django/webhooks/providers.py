@@ -236,6 +236,8 @@ class GitHubRegistration(ProviderRegistration):
             hooks = self._request(
                 "GET", self.hooks_path, params={"per_page": "100", "page": str(page)}
             )
+            if not isinstance(hooks, list):
+                raise ProviderError(f"GitHub answered GET {self.hooks_path} with no list of hooks")
             for hook in hooks or []:
                 if (hook.get("config") or {}).get("url") == ctx.url:
                     return dict(hook)
