@@ -14,6 +14,7 @@ class PikkuConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from pikku_django import checks, conf  # noqa: F401  (registers checks and signals)
+        from pikku_django import retention  # noqa: F401  (registers the retention job)
         from pikku_django.integrations import checks as integration_checks  # noqa: F401
         from pikku_django.integrations import install_configured
         from pikku_django.schedules import checks as schedule_checks  # noqa: F401
