@@ -153,13 +153,12 @@ def test_the_job_runs_through_a_worker_cron_intake(vendor: str, settings: Any) -
     assert job.status == RunStatus.COMPLETED
     assert job.output == {"runs": 2, "receipts": 0, "heartbeats": 0, "digests": 0}
     assert left(alias) == {recent.id, job.id}
-    assert earlier_job.id not in left(alias) and old.id not in left(alias)
+    assert earlier_job.id not in left(alias)
+    assert old.id not in left(alias)
 
 
 @on_databases(*ALL)
-def test_batches_are_bounded(
-    vendor: str, settings: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_batches_are_bounded(vendor: str, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     alias = database_alias(vendor)
     use(settings, alias, RETENTION="30d")
     for _ in range(5):
