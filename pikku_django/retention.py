@@ -101,17 +101,21 @@ def apply_retention(
     policy: RetentionPolicy | None = None,
 ) -> RetentionReport:
     """Delete what ``policy`` (default: the settings') says has aged, ``batch_size``
-    rows a transaction; after ``seconds`` (None: no limit) it stops between batches,
-    and the report says ``more``."""
+    rows a transaction; after ``seconds`` (None: no limit) it stops after the batch it
+    is in (each kind of row gets one at least), and the report says ``more``."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, not {batch_size!r}")
     alias = using or pikku_settings.WORKFLOW_DATABASE
     now = now or timezone.now()
     policy = policy or RetentionPolicy.from_settings()
     deadline = None if seconds is None else time.monotonic() + seconds
+    cut_short = False
 
     def more() -> bool:
-        return deadline is None or time.monotonic() < deadline
+        nonlocal cut_short
+        if deadline is not None and time.monotonic() >= deadline:
+            cut_short = True
+        return not cut_short
 
     def runs_past(**which: Any) -> Callable[[float], int]:
         def delete(age: float) -> int:
@@ -153,7 +157,7 @@ def apply_retention(
         lambda ids: WebhookDigest.objects.using(alias).filter(pk__in=ids).delete(),
         more=more,
     )
-    return RetentionReport(runs, receipts, heartbeats, digests, not more())
+    return RetentionReport(runs, receipts, heartbeats, digests, cut_short)
 
 
 @registry.step(name=RETENTION_STEP)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from django.utils import timezone
 from pikku_django import retention
 from pikku_django.checks import check_settings, check_workflow_settings
 from pikku_django.leases import InMemoryLeaseService
-from pikku_django.models import RunStatus, Schedule, WebhookReceipt, WorkflowRun
+from pikku_django.models import RunStatus, Schedule, WebhookReceipt, WorkflowRun, WorkflowStep
 from pikku_django.retention import RETENTION_WORKFLOW, apply_retention
 from pikku_django.schedules import sync_schedules
 from pikku_django.schedules.ticks import forget_process_state
@@ -174,6 +175,30 @@ def test_batches_are_bounded(vendor: str, settings: Any, monkeypatch: pytest.Mon
     assert apply_retention(using=alias, batch_size=2).runs == 5
     assert batches == [2, 2, 1]
     assert left(alias) == set()
+
+
+@on_databases(*ALL)
+def test_a_job_out_of_time_goes_on_in_another_step(
+    vendor: str, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alias = database_alias(vendor)
+    use(settings, alias, RETENTION="30d")
+    for _ in range(5):
+        run(alias, "completed", 40)
+    # Out of time at once: one batch of each kind of row, and more to do.
+    first = apply_retention(using=alias, batch_size=2, seconds=0)
+    assert (first.runs, first.more) == (2, True)
+    # A step's time is half its lease: none here, so each step deletes one batch.
+    monkeypatch.setattr(retention, "engine_config", lambda: SimpleNamespace(step_lease_ms=0))
+    engine = WorkflowEngine(alias, leases=InMemoryLeaseService())
+    job = engine.start(RETENTION_WORKFLOW, {"batch_size": 2})
+    engine.run_until_idle()
+    done = engine.get_run(job.id)
+    assert done.status == RunStatus.COMPLETED
+    assert done.output["runs"] == 3
+    steps = WorkflowStep.objects.using(alias).filter(run_id=job.id).order_by("id")
+    assert [s.name for s in steps] == ["prune-1", "prune-2"]
+    assert left(alias) == {job.id}
 
 
 @pytest.mark.parametrize("value", ["soon", 0, -1, True, "0d", [30]])

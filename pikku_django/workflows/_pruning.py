@@ -138,14 +138,16 @@ def in_batches(
     more: Callable[[], bool] | None = None,
 ) -> int:
     """Delete what ``queryset`` selects, ``batch`` rows a transaction, with ``delete(ids)``:
-    how many rows. ``more()`` False stops it between batches (a time budget)."""
+    how many rows. After each full batch, ``more()`` False stops it (a time budget): it
+    always deletes one batch, and asks only while rows may be left."""
     total = 0
-    while more is None or more():
+    while True:
         ids = list(queryset.values_list("pk", flat=True)[:batch])
         if not ids:
-            break
+            return total
         with transaction.atomic(using=using):
             delete(ids)
         total += len(ids)
         logger.info("Pruned %d %s so far", total, what)
-    return total
+        if len(ids) < batch or (more is not None and not more()):
+            return total
