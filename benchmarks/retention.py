@@ -4,8 +4,8 @@ On PostgreSQL, the same data loaded before each (``scale.py``'s bulk load: compl
 runs of 10 steps and attempts each, and failed runs of one, 40 days old, by SQL, then
 ``ANALYZE``): ``pikku_prune --older-than 30d`` deletes it once, and the retention job
 (the ``pikku.retention`` workflow, its steps run by an engine in this process, with
-``PIKKU["RETENTION"] = "30d"``) deletes it again; ``--rounds`` pairs, in alternating
-order, the medians printed. Both delete 500 rows a transaction; the job's own run,
+``PIKKU["RETENTION"] = "30d"``) deletes it again; ``--rounds`` pairs (3; 1 with
+``--quick``), in alternating order, the medians printed. Both delete 500 rows a transaction; the job's own run,
 step and attempt are left, so it counts three rows fewer. The database is
 ``PIKKU_BENCH_WORKFLOWS_URL`` (default ``.../pikku_bench_retention``); its pikku tables
 are emptied first. The last line printed is one JSON object.
@@ -88,7 +88,9 @@ def retention_job() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small end-to-end run")
-    parser.add_argument("--rounds", type=int, default=3, help="pairs of deletions (3)")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="pairs of deletions (3; --quick: 1)"
+    )
     args = parser.parse_args()
     url = os.environ["PIKKU_BENCH_WORKFLOWS_URL"]
     if not url.startswith("postgres"):
@@ -102,7 +104,7 @@ def main() -> int:
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {', '.join(TABLES)} CASCADE")
     completed, failed = (2_000, 200) if args.quick else (20_000, 2_000)
-    rounds = 1 if args.quick else args.rounds
+    rounds = args.rounds or (1 if args.quick else 3)
     figures: dict[str, list[float]] = {"pikku_prune": [], "retention_job": []}
     deleted: dict[str, int] = {}
     for n in range(rounds):
