@@ -5,8 +5,9 @@ runs of 10 steps and attempts each, and failed runs of one, 40 days old, by SQL,
 ``ANALYZE``): ``pikku_prune --older-than 30d`` deletes it once, and the retention job
 (the ``pikku.retention`` workflow, its steps run by an engine in this process, with
 ``PIKKU["RETENTION"] = "30d"``) deletes it again; ``--rounds`` pairs (3; 1 with
-``--quick``), in alternating order, the medians printed. Both delete 500 rows a transaction; the job's own run,
-step and attempt are left, so it counts three rows fewer. The database is
+``--quick``), in alternating order, the medians printed. Both delete 500 rows a
+transaction; the job's own run, step and attempt are left, so it counts three rows
+fewer. The database is
 ``PIKKU_BENCH_WORKFLOWS_URL`` (default ``.../pikku_bench_retention``); its pikku tables
 are emptied first. The last line printed is one JSON object.
 """
