@@ -139,7 +139,8 @@ def in_batches(
 ) -> int:
     """Delete what ``queryset`` selects, ``batch`` rows a transaction, with ``delete(ids)``:
     how many rows. After each full batch, ``more()`` False stops it (a time budget): it
-    always deletes one batch, and asks only while rows may be left."""
+    always deletes one batch, and asks only while rows may be left (a short batch was
+    the last)."""
     total = 0
     while True:
         ids = list(queryset.values_list("pk", flat=True)[:batch])
@@ -149,5 +150,5 @@ def in_batches(
             delete(ids)
         total += len(ids)
         logger.info("Pruned %d %s so far", total, what)
-        if len(ids) < batch or (more is not None and not more()):
+        if more is not None and len(ids) == batch and not more():
             return total
