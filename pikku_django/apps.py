@@ -13,7 +13,8 @@ class PikkuConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
-        from pikku_django import checks, conf  # noqa: F401  (registers checks and signals)
+        # checks and conf register checks and signals; retention, the retention job.
+        from pikku_django import checks, conf, retention  # noqa: F401
         from pikku_django.integrations import checks as integration_checks  # noqa: F401
         from pikku_django.integrations import install_configured
         from pikku_django.schedules import checks as schedule_checks  # noqa: F401

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 
 from pikku_django.conf import (
     DEFAULTS,
@@ -218,6 +219,18 @@ def check_workflow_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
         except ValueError as exc:
             messages.append(
                 checks.Error(str(exc), hint="Use e.g. '365d', or None.", id="pikku_django.E020")
+            )
+    from pikku_django.workflows.config import check_retention
+
+    retention = pikku_settings.RETENTION
+    if retention is not None and pikku_settings.well_typed("RETENTION"):  # else check_settings
+        try:
+            check_retention(retention, "PIKKU['RETENTION']")
+        except ImproperlyConfigured as exc:
+            messages.append(
+                checks.Error(
+                    str(exc), hint="Use e.g. '30d', or None to keep runs.", id="pikku_django.E021"
+                )
             )
     return messages
 

@@ -128,6 +128,12 @@ DEFAULTS: dict[str, Any] = {
     # receipts are pruned: seconds, a timedelta or text like "365d"; None keeps them
     # for ever.
     "WEBHOOK_DIGEST_RETENTION": "365d",
+    # How long settled runs (completed, failed, cancelled) are kept before the workers
+    # delete them, hourly, in batches: seconds, a timedelta or text like "30d". A
+    # workflow's @workflow(retention=...) overrides it ("forever" keeps its runs).
+    # Webhook receipts and the heartbeats of workers gone go after it too. None keeps
+    # everything for ever (delete with pikku_prune) unless a workflow sets its own.
+    "RETENTION": None,
     # Cron schedules besides @workflow(schedule=...), by name: {"nightly-report":
     # {"workflow": "send_report", "cron": "0 3 * * *", "timezone": "Europe/Helsinki",
     # "input": {...}, "missed": "latest", "enabled": True}}. Only workflow and cron
@@ -312,6 +318,12 @@ RULES: dict[str, Rule] = {
         "seconds, a timedelta or text like '365d', or None",
         allows_none=True,
         check_id="pikku_django.E020",
+    ),
+    "RETENTION": Rule(
+        (int, float, str, timedelta),
+        "seconds, a timedelta or text like '30d', or None",
+        allows_none=True,
+        check_id="pikku_django.E021",
     ),
 }
 

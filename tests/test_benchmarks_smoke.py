@@ -305,3 +305,24 @@ def test_tasks_benchmark_repeats_every_system_and_compares_medians() -> None:
             assert_summary(report[system][figure])
             assert len(report[system][figure]["repeats"]) == 2
     assert report["ratios"]["pikku_vs_django_tasks_db_tasks"] > 0
+
+
+def test_retention_quick_deletes_the_same_rows_as_pikku_prune() -> None:
+    require_service("postgres")
+    name = f"{TAG}_retention"
+    try:
+        report = run_script(
+            "retention.py",
+            "--quick",
+            env={"PIKKU_BENCH_WORKFLOWS_URL": f"{PG}/{name}"},
+            timeout=240,
+        )
+    finally:
+        drop_pg([name])
+    assert report["quick"] is True
+    deleted = report["rows_deleted"]
+    # The same data each time; the job's own run, step and attempt stay.
+    assert deleted["pikku_prune"] > 0
+    assert deleted["retention_job"] == deleted["pikku_prune"] - 3
+    assert set(report["rows_per_s"]) == {"pikku_prune", "retention_job"}
+    assert report["retention_against_prune"] > 0

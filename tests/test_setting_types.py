@@ -61,6 +61,7 @@ CASES: dict[str, tuple[Any, Any]] = {
     "SCHEDULE_CATCHUP_LIMIT": (10_001, 10),
     "SCHEDULE_GRACE": ("1m", 0),
     "WEBHOOK_DIGEST_RETENTION": ([365], "30d"),
+    "RETENTION": ([30], "30d"),
     "MAX_STEPS_PER_RUN": (0, 5_000),
     "PROMETHEUS_METRICS": ("on", True),
     "PROMETHEUS_TOKEN": (42, ["a-token", "the-next-token"]),

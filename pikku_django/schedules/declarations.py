@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,16 @@ from pikku_django.workflows import registry
 
 #: The keys one entry of PIKKU['SCHEDULES'] understands.
 SETTINGS_KEYS = frozenset({"workflow", "cron", "timezone", "input", "missed", "enabled"})
+
+
+#: Functions giving each a schedule pikku_django declares itself, or None while it is off.
+_builtin: list[Callable[[], ScheduleSpec | None]] = []
+
+
+def register_builtin_schedule(declare: Callable[[], ScheduleSpec | None]) -> None:
+    """Declare a schedule of pikku_django's own (the retention job's), read on each sync."""
+    if declare not in _builtin:
+        _builtin.append(declare)
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,10 @@ def read_declarations() -> Declarations:
             )
         except ScheduleError as exc:
             errors.append(exc)
+    for declare in list(_builtin):
+        builtin = declare()
+        if builtin is not None:
+            specs[builtin.name] = builtin
     raw = pikku_settings.SCHEDULES
     if not isinstance(raw, dict):
         errors.append(ScheduleError(f"PIKKU['SCHEDULES'] must be a dict by name, not {raw!r}"))
@@ -91,7 +106,8 @@ def read_declarations() -> Declarations:
             errors.append(
                 ScheduleError(
                     f"Two schedules are named {name!r}: PIKKU['SCHEDULES'] and the workflow "
-                    f"declared with schedule=. Give the one in settings another name."
+                    f"declared with schedule= (or the built-in retention job). Give the one "
+                    f"in settings another name."
                 )
             )
             continue

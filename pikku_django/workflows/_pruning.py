@@ -1,4 +1,5 @@
-"""What ``pikku_prune`` deletes of workflows: settled runs, each batch read off an index.
+"""What ``pikku_prune`` and the retention job delete: settled runs, each batch read off
+an index, in transactions of at most a batch each.
 
 The runs are selected oldest change first from ``pikku_run_settled`` (PostgreSQL,
 SQLite) or ``pikku_run_settled_status`` (MariaDB, MySQL), so a batch reads about as
@@ -8,17 +9,23 @@ and events go with them through each table's foreign key index.
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import Exists, F, Lookup, Model, OuterRef, QuerySet
 from django.db.models.deletion import Collector
 
-from pikku_django.models import TERMINAL_RUN_STATUSES, WorkflowRun, WorkflowStep
+from pikku_django.models import TERMINAL_RUN_STATUSES, WebhookReceipt, WorkflowRun, WorkflowStep
+
+logger = logging.getLogger("pikku_django.prune")
+
+#: Rows deleted per transaction, by ``pikku_prune`` (``--batch-size``) and the retention job.
+BATCH_SIZE = 500
 
 _WORD = re.compile(r"[a-z_]+")
 _SETTLED = [status.value for status in TERMINAL_RUN_STATUSES]
@@ -47,9 +54,16 @@ class InLiterals(Lookup):
         return f"{lhs} IN ({values})", tuple(params)
 
 
-def settled_runs(using: str, cutoff: datetime) -> QuerySet[WorkflowRun]:
-    """Settled runs last changed before ``cutoff`` that no live parent waits on,
-    in the order of the index that holds them."""
+def settled_runs(
+    using: str,
+    cutoff: datetime,
+    *,
+    workflows: Sequence[str] | None = None,
+    excluding: Sequence[str] = (),
+) -> QuerySet[WorkflowRun]:
+    """Settled runs last changed before ``cutoff`` that no live parent waits on, in
+    the order of the index that holds them: of ``workflows`` only when given, and of
+    none of ``excluding``. The one rule of what may be deleted."""
     live_parent = (
         WorkflowStep.objects.using(using)
         .filter(child_run=OuterRef("pk"))
@@ -60,6 +74,10 @@ def settled_runs(using: str, cutoff: datetime) -> QuerySet[WorkflowRun]:
         .filter(InLiterals(F("status"), _SETTLED), updated_at__lt=cutoff)
         .exclude(Exists(live_parent))
     )
+    if workflows is not None:
+        runs = runs.filter(workflow__in=list(workflows))
+    if excluding:
+        runs = runs.exclude(workflow__in=list(excluding))
     if connections[using].features.supports_partial_indexes:
         return runs.order_by("updated_at")
     # The order of pikku_run_settled_status: read in it, a batch needs no sort.
@@ -87,3 +105,50 @@ def delete_runs(using: str, ids: Sequence[uuid.UUID]) -> int:
     collector.collect(runs)
     _, per_model = collector.delete()
     return per_model.get(WorkflowRun._meta.label, 0)
+
+
+def delete_runs_and_leases(using: str, ids: Sequence[uuid.UUID]) -> int:
+    """:func:`delete_runs`, and the run leases of those runs: nothing takes them again.
+    In the caller's transaction when leases are kept in the same database."""
+    from pikku_django.leases import get_lease_service
+    from pikku_django.workflows.engine import run_lease_key
+
+    deleted = delete_runs(using, ids)
+    get_lease_service().forget([run_lease_key(i) for i in ids])
+    return deleted
+
+
+def old_receipts(using: str, cutoff: datetime) -> QuerySet[WebhookReceipt]:
+    """Webhook receipts received before ``cutoff``. A receipt still waiting for its
+    run holds the event: it is kept (one a worker set aside waits no more, and goes)."""
+    return (
+        WebhookReceipt.objects.using(using)
+        .filter(received_at__lt=cutoff)
+        .exclude(run__isnull=True, input__isnull=False, set_aside="")
+    )
+
+
+def in_batches(
+    queryset: QuerySet[Any],
+    batch: int,
+    using: str,
+    what: str,
+    delete: Callable[[list[Any]], object],
+    *,
+    more: Callable[[], bool] | None = None,
+) -> int:
+    """Delete what ``queryset`` selects, ``batch`` rows a transaction, with ``delete(ids)``:
+    how many rows. After each full batch, ``more()`` False stops it (a time budget): it
+    always deletes one batch, and asks only while rows may be left (a short batch was
+    the last)."""
+    total = 0
+    while True:
+        ids = list(queryset.values_list("pk", flat=True)[:batch])
+        if not ids:
+            return total
+        with transaction.atomic(using=using):
+            delete(ids)
+        total += len(ids)
+        logger.info("Pruned %d %s so far", total, what)
+        if more is not None and len(ids) == batch and not more():
+            return total

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -104,6 +105,26 @@ def check_max_steps(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ImproperlyConfigured(f"{what} must be an int of at least 1, not {value!r}")
     return value
+
+
+#: A workflow's ``retention`` that keeps its runs however old a default would delete.
+FOREVER = "forever"
+
+
+def check_retention(value: object, what: str) -> float:
+    """``value`` (seconds, a timedelta, text like "30d", or "forever") as the age in
+    seconds after which a settled run is deleted: above 0, ``math.inf`` for "forever"."""
+    if isinstance(value, str) and value.strip().lower() == FOREVER:
+        return math.inf
+    try:
+        seconds = parse_duration(value, what=what)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{exc} (or {FOREVER!r})") from None
+    if seconds <= 0:
+        raise ImproperlyConfigured(
+            f"{what} must be more than 0 seconds (e.g. '30d') or {FOREVER!r}, not {value!r}"
+        )
+    return seconds
 
 
 _lock = threading.Lock()

@@ -24,7 +24,7 @@ from pikku_django.workflows._concurrency import (
     check_key_default,
 )
 from pikku_django.workflows._version_ids import check_version, code_version
-from pikku_django.workflows.config import check_max_steps
+from pikku_django.workflows.config import check_max_steps, check_retention
 from pikku_django.workflows.durations import Duration, parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -87,6 +87,9 @@ class WorkflowDefinition:
     opening: Callable[[uuid.UUID, Any], OpeningStep] | None = None
     #: The most steps one of its runs may record (None: ``PIKKU["MAX_STEPS_PER_RUN"]``).
     max_steps: int | None = None
+    #: Seconds after which its settled runs are deleted by the retention job
+    #: (``math.inf``: kept for ever; None: ``PIKKU["RETENTION"]``).
+    retention: float | None = None
 
     @property
     def carried_versions(self) -> frozenset[str]:
@@ -212,6 +215,7 @@ def workflow(
     concurrency_limit: int = 1,
     timeout: Duration | None = None,
     max_steps: int | None = None,
+    retention: Duration | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -231,6 +235,7 @@ def workflow(
     concurrency_limit: int = 1,
     timeout: Duration | None = None,
     max_steps: int | None = None,
+    retention: Duration | None = None,
 ) -> Any:
     """Register ``fn(ctx, input)`` as a workflow, under ``name`` or its function name.
 
@@ -247,7 +252,9 @@ def workflow(
     sharing a key run ``concurrency_limit`` (default 1) at a time, in start order.
     ``timeout`` gives each run a deadline that long after its start (see
     ``start_workflow(timeout=...)``). ``max_steps`` is the most steps one of its
-    runs may record, in place of ``PIKKU["MAX_STEPS_PER_RUN"]``.
+    runs may record, in place of ``PIKKU["MAX_STEPS_PER_RUN"]``. ``retention``
+    (e.g. "30d", or "forever") is how long its settled runs are kept before the
+    workers delete them, in place of ``PIKKU["RETENTION"]``.
     """
     check_priority(priority)
     if queue is not None:
@@ -260,6 +267,7 @@ def workflow(
         raise ImproperlyConfigured(f"workflow {exc}") from None
     run_timeout = None if timeout is None else check_timeout(timeout)
     step_limit = None if max_steps is None else check_max_steps(max_steps, "workflow max_steps=")
+    kept = None if retention is None else check_retention(retention, "workflow retention=")
     for option, value in (("schedule", schedule), ("timezone", timezone)):
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ImproperlyConfigured(f"workflow {option}= must be a non-empty str, not {value!r}")
@@ -291,6 +299,7 @@ def workflow(
             concurrency_limit,
             run_timeout,
             max_steps=step_limit,
+            retention=kept,
         )
         _register(_workflows, wf_name, definition, "workflow")
         func.__pikku_workflow__ = wf_name  # type: ignore[attr-defined]
@@ -451,6 +460,12 @@ def scheduled_workflows() -> list[WorkflowDefinition]:
     """The registered workflows declared with ``schedule=``, by name."""
     with _lock:
         return sorted((d for d in _workflows.values() if d.schedule), key=lambda d: d.name)
+
+
+def retained_workflows() -> dict[str, float]:
+    """The retention of each registered workflow declared with ``retention=``, by name."""
+    with _lock:
+        return {d.name: d.retention for d in _workflows.values() if d.retention is not None}
 
 
 def step_names() -> list[str]:

@@ -3,26 +3,25 @@ the heartbeats of workers long gone; and webhook digests past their own retentio
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
 from django.utils import timezone
 
 from pikku_django.conf import pikku_settings
 from pikku_django.heartbeats import prune_heartbeats
-from pikku_django.leases import get_lease_service
 from pikku_django.models import WebhookDigest, WebhookReceipt, WorkerHeartbeat
 from pikku_django.schema import require_migrated
 from pikku_django.webhooks.digests import expired_digests
-from pikku_django.workflows._pruning import delete_runs, settled_runs
+from pikku_django.workflows._pruning import (
+    BATCH_SIZE,
+    delete_runs_and_leases,
+    in_batches,
+    old_receipts,
+    settled_runs,
+)
 from pikku_django.workflows.durations import parse_duration
-from pikku_django.workflows.engine import run_lease_key
-
-logger = logging.getLogger("pikku_django.prune")
 
 
 class Command(BaseCommand):
@@ -34,7 +33,8 @@ class Command(BaseCommand):
         "still waits on, are kept. The digests of signed webhook requests (which refuse "
         "replays where the scheme signs no timestamp) are kept apart from receipts, and "
         "deleted once older than PIKKU['WEBHOOK_DIGEST_RETENTION'] (365d). Use --dry-run "
-        "to see the counts first."
+        "to see the counts first. For deletion on a schedule, without a cron job, see "
+        "PIKKU['RETENTION'] and @workflow(retention=...)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -45,7 +45,10 @@ class Command(BaseCommand):
         )
         parser.add_argument("--dry-run", action="store_true", help="Count, delete nothing.")
         parser.add_argument(
-            "--batch-size", type=int, default=500, help="Rows deleted per transaction (500)."
+            "--batch-size",
+            type=int,
+            default=BATCH_SIZE,
+            help=f"Rows deleted per transaction ({BATCH_SIZE}).",
         )
         parser.add_argument(
             "--database",
@@ -68,13 +71,7 @@ class Command(BaseCommand):
         now = timezone.now()
         cutoff = now - timedelta(seconds=age)
         runs = settled_runs(using, cutoff)
-        # A receipt still waiting for its run holds the event: it is kept (one a
-        # worker set aside waits no more, and goes).
-        receipts = (
-            WebhookReceipt.objects.using(using)
-            .filter(received_at__lt=cutoff)
-            .exclude(run__isnull=True, input__isnull=False, set_aside="")
-        )
+        receipts = old_receipts(using, cutoff)
         workers = WorkerHeartbeat.objects.using(using).filter(seen_at__lt=cutoff)
         try:
             digests = expired_digests(using, now)
@@ -88,16 +85,10 @@ class Command(BaseCommand):
                 f"Would delete {digests.count()} webhook digests past WEBHOOK_DIGEST_RETENTION."
             )
             return
-        leases = get_lease_service()
-
-        def delete_with_leases(ids: list[Any]) -> None:
-            delete_runs(using, ids)
-            # The run leases of the deleted runs: nothing takes them again. In the
-            # batch's transaction when they are kept in the same database.
-            leases.forget([run_lease_key(i) for i in ids])
-
-        deleted_runs = self._in_batches(runs, batch, using, "runs", delete_with_leases)
-        deleted_receipts = self._in_batches(
+        deleted_runs = in_batches(
+            runs, batch, using, "runs", lambda ids: delete_runs_and_leases(using, ids)
+        )
+        deleted_receipts = in_batches(
             receipts,
             batch,
             using,
@@ -112,7 +103,7 @@ class Command(BaseCommand):
         )
         gone = prune_heartbeats(timedelta(seconds=age), using=using, now=now)
         self.stdout.write(f"Deleted {gone} heartbeats of workers not seen since then.")
-        forgotten = self._in_batches(
+        forgotten = in_batches(
             digests,
             batch,
             using,
@@ -120,21 +111,3 @@ class Command(BaseCommand):
             lambda ids: WebhookDigest.objects.using(using).filter(pk__in=ids).delete(),
         )
         self.stdout.write(f"Deleted {forgotten} webhook digests past WEBHOOK_DIGEST_RETENTION.")
-
-    def _in_batches(
-        self,
-        queryset: Any,
-        batch: int,
-        using: str,
-        what: str,
-        delete: Callable[[list[Any]], object],
-    ) -> int:
-        total = 0
-        while True:
-            ids = list(queryset.values_list("pk", flat=True)[:batch])
-            if not ids:
-                return total
-            with transaction.atomic(using=using):
-                delete(ids)
-            total += len(ids)
-            logger.info("Pruned %d %s so far", total, what)
