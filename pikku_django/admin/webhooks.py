@@ -399,8 +399,12 @@ class WebhookReceiptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         """The action: Django's "Can delete webhook receipt" permission."""
         return super().has_delete_permission(request)
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 passes where the actions show (``action_location``); 5.2 does not.
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location=action_location)  # type: ignore[call-arg]
         actions.pop("delete_selected", None)  # receipts go only through delete_set_aside
         return actions
 
