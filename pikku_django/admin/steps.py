@@ -39,6 +39,23 @@ class WorkflowDatabaseMixin:
         return found.using(admin_database(request))
 
 
+class RelatedValuesFilter(admin.AllValuesFieldListFilter):
+    """Every value of a related model's field, read where the admin reads (Django's own
+    filter reads a related model through the default database)."""
+
+    def __init__(
+        self,
+        field: Any,
+        request: HttpRequest,
+        params: dict[str, Any],
+        model: Any,
+        model_admin: Any,
+        field_path: str,
+    ) -> None:
+        super().__init__(field, request, params, model, model_admin, field_path)
+        self.lookup_choices = self.lookup_choices.using(admin_database(request))
+
+
 class ReadOnlyAdminMixin:
     """Nobody adds, changes or deletes these rows here: the engine owns them."""
 
@@ -224,7 +241,7 @@ class StepAttemptAdmin(
         "error_message",
     )
     list_display_links = ("attempt",)
-    list_filter = ("status", ("step__run__workflow", admin.AllValuesFieldListFilter))
+    list_filter = ("status", ("step__run__workflow", RelatedValuesFilter))
     search_fields = ("worker", "step__name", "step__run__id")
     list_select_related = ("step", "step__run")
     fields = (
