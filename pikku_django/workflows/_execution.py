@@ -306,13 +306,7 @@ class Execution:
     def _check_run_running(self, claimed: ClaimedStep) -> None:
         """In a transactional step's transaction: lock its run, and roll the step's
         writes back (_RunStoppedError) unless the run is still running."""
-        status = (
-            self.store.runs()
-            .select_for_update()
-            .filter(id=claimed.run_id)
-            .values_list("status", flat=True)
-            .first()
-        )
+        status = self.store.locked_run_status(claimed.run_id)
         if status != RunStatus.RUNNING:
             raise _RunStoppedError(str(status))
 

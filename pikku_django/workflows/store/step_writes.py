@@ -148,6 +148,13 @@ class StepWrites:
         runs = WorkflowRun.objects.using(self.using)
         return bool(runs.filter(id=run_id).update(wakes=F("wakes")))
 
+    def locked_run_status(self, run_id: uuid.UUID) -> str | None:
+        """The run's status, its row locked for the caller's transaction where the
+        database locks rows (None if there is no such run)."""
+        runs = WorkflowRun.objects.using(self.using).select_for_update().filter(id=run_id)
+        status: str | None = runs.values_list("status", flat=True).first()
+        return status
+
     def due_for_pass(self, run_id: uuid.UUID, at: datetime) -> bool:
         """Make the running run ``run_id`` due for a pass at ``at`` (not counted as a
         wake): whether it is running."""
