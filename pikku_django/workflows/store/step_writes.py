@@ -1,6 +1,7 @@
 """The step-level writes a pass makes besides claiming and settling attempts: steps
 it records itself (markers, groups, waits), a withdrawn attempt, a parallel group's
-count of open branches, and the events sent to runs."""
+count of open branches, the events sent to runs, and the run locks and owed passes
+these take; with the fence of every attempt's write."""
 
 from __future__ import annotations
 
