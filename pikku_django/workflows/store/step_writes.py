@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -58,7 +58,7 @@ class StepRow:
 
     def columns(self) -> dict[str, Any]:
         """The step's columns as model field values."""
-        return {field.name: getattr(self, field.name) for field in fields(self)}
+        return dict(vars(self))
 
 
 @dataclass(frozen=True)
