@@ -252,6 +252,26 @@ def django_database(dbname: str, user: str, hosts: list[Cluster], **options: Any
     }
 
 
+@contextlib.contextmanager
+def django_alias(alias: str, settings_dict: dict[str, Any]) -> Iterator[str]:
+    """``alias`` in ``django.db.connections`` for the block (no test database is made
+    for it: the block uses it as it is), its connections closed on exit."""
+    from django.db import connections
+
+    if alias in connections.settings:
+        raise ValueError(f"DATABASES already has an alias {alias!r}")
+    configured = connections.configure_settings({"default": {}, alias: dict(settings_dict)})
+    connections.settings[alias] = configured[alias]
+    try:
+        yield alias
+    finally:
+        with contextlib.suppress(Exception):
+            connections[alias].close()
+        with contextlib.suppress(AttributeError):
+            delattr(connections._connections, alias)
+        del connections.settings[alias]
+
+
 def _new_cluster(name: str) -> Cluster:
     return Cluster(name, _owned_tempdir(f"pikku-pg-{name}-"), free_port())
 
