@@ -31,8 +31,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+
+def _default_pg_bin() -> Path:
+    """Debian's newest installed server binaries (postgresql-15 on Debian 12)."""
+    found = sorted(
+        (p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/initdb")),
+        key=lambda b: int(b.parent.name) if b.parent.name.isdigit() else 0,
+    )
+    return found[-1] if found else Path("/usr/lib/postgresql/15/bin")
+
+
 #: Where the server binaries are; PIKKU_TEST_PG_BIN points elsewhere.
-PG_BIN = Path(os.environ.get("PIKKU_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+PG_BIN = Path(os.environ.get("PIKKU_TEST_PG_BIN") or _default_pg_bin())
 #: The OS user clusters run as when the tests run as root.
 PG_OS_USER = "postgres"
 #: The superuser role of every private cluster.
