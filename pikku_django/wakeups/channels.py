@@ -35,7 +35,8 @@ class Pooling(enum.StrEnum):
 
 
 def pooling(using: str) -> Pooling:
-    """The pooling mode stated for ``using`` (missing or unknown: none)."""
+    """The pooling mode stated for ``using`` (missing or unknown: none). Read from
+    ``settings.PIKKU`` as it is, so that a value of the wrong type reads as none."""
     stated = _pikku().get("DATABASE_POOLING", {})
     value = stated.get(using) if isinstance(stated, dict) else None
     return Pooling(value) if isinstance(value, str) and value in set(Pooling) else Pooling.NONE
