@@ -40,6 +40,8 @@ CASES: dict[str, tuple[Any, Any]] = {
     "WORKER_POLL_INTERVAL": ("1s", 2),
     "WORKER_NOTIFY": ("yes", False),
     "WORKER_NOTIFIED_POLL_INTERVAL": (None, 5),
+    "WORKER_POOLED_POLL_INTERVAL": (0, 0.5),
+    "LISTEN_DATABASES": (["direct"], {"default": "default"}),
     "WORKER_PROGRESS_INTERVAL": ("1m", 30),
     "RECOVERY_INTERVAL": (-1, 10),
     "STALLED_RUN_AFTER": (float("nan"), 600),

@@ -29,7 +29,6 @@ from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.utils import NestedObjects
 from django.contrib.auth import get_permission_codename
-from django.db import connections
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import NoReverseMatch, reverse
@@ -244,7 +243,7 @@ class WorkflowRunAdmin(
         term = search_term.strip()
         if not term:
             return queryset, False
-        return queryset.filter(search_filter(term, connections[queryset.db].vendor)), False
+        return queryset.filter(search_filter(term, queryset.db)), False
 
     @admin.display(description=gettext_lazy("workflow"), ordering="workflow")
     def workflow_name(self, obj: WorkflowRun) -> str:

@@ -10,7 +10,6 @@ from datetime import date
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
 
 from pikku_django.admin.formatting import (
     error_part,
@@ -67,8 +66,8 @@ def find_run(value: str, using: str) -> WorkflowRun:
                 f"{value!r} is not a run id: give the id, or at least its first "
                 f"{MIN_PREFIX} characters"
             )
-        if connections[using].vendor != "postgresql":
-            prefix = prefix.replace("-", "")
+        # A database without a uuid type stores the id's hex digits: Django's
+        # startswith on a UUIDField drops the dashes from the prefix there.
         found = list(runs.filter(id__startswith=prefix)[:2])
         if len(found) > 1:
             raise CommandError(f"More than one run id starts with {value!r}: give more of it")

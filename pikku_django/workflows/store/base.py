@@ -37,12 +37,6 @@ from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.queues import Rate
 from pikku_django.workflows.store.step_writes import StepWrites
 
-#: The PostgreSQL channel that new work is announced on.
-CHANNEL = "pikku_work"
-
-#: The PostgreSQL channel that a run's end is announced on, with the run's id.
-RUN_DONE_CHANNEL = "pikku_run_done"
-
 
 def columns(model: type[models.Model], names: Sequence[str], quote: Callable[[str], str]) -> str:
     """The quoted columns of ``model``'s fields ``names`` (field or attribute names)."""
@@ -227,6 +221,10 @@ class WorkflowStore(KeyedStarts, FreshClaims, ChainedWrites, StepWrites, abc.ABC
     #: Whether :meth:`ready_steps_exist` says no only when no step is ready (else it
     #: may say yes to let the claim's own query decide).
     exact_ready_look: bool = False
+    #: Whether the database takes one worker process at a time (one writer).
+    one_worker_process: bool = False
+    #: Whether a run's input is searched as text (the admin's and pikku_runs' search).
+    searches_input_text: bool = False
 
     def __init__(self, using: str, config: Callable[[], EngineConfig] = engine_config) -> None:
         self.using = using
