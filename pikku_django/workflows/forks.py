@@ -32,7 +32,15 @@ if TYPE_CHECKING:
 
 logger = workflow_logger(__name__)
 
-__all__ = ["ForkRefusal", "ForkRefusedError", "RunForker", "StepRef", "fork_run"]
+__all__ = [
+    "ForkPoint",
+    "ForkRefusal",
+    "ForkRefusedError",
+    "RunForker",
+    "StepRef",
+    "fork_run",
+    "preview_fork",
+]
 
 #: A step of the run: its recorded name, or its 1-based position among the run's
 #: steps in the order they were recorded (as ``pikku_runs show`` numbers them).
@@ -68,10 +76,13 @@ class ForkRefusedError(WorkflowError):
 
 @dataclass(frozen=True)
 class ForkPoint:
-    """Where a run is forked: the step run again first, and the steps kept."""
+    """Where a run is forked: the step run again first, the steps kept, and the
+    steps recorded from it on (which the fork runs again)."""
 
+    run: WorkflowRun
     step: WorkflowStep
     kept: list[WorkflowStep]
+    again: list[WorkflowStep]
 
 
 def find_fork_point(run: WorkflowRun, steps: Sequence[WorkflowStep], ref: StepRef) -> ForkPoint:
@@ -102,7 +113,7 @@ def find_fork_point(run: WorkflowRun, steps: Sequence[WorkflowStep], ref: StepRe
                 f"Step {step.name!r}, before {at.name!r}, is {step.status} in run {run.id}: "
                 f"only settled steps are kept. Fork from {step.name!r} or earlier",
             )
-    return ForkPoint(at, kept)
+    return ForkPoint(run, at, kept, [s for s in steps if s.pk >= at.pk])
 
 
 def _named(run: WorkflowRun, steps: Sequence[WorkflowStep], ref: StepRef) -> WorkflowStep:
@@ -172,6 +183,13 @@ class RunForker:
             )
         return definition
 
+    def preview(self, run_id: uuid.UUID | str, from_step: StepRef) -> ForkPoint:
+        """Where :meth:`fork` would fork the run (nothing written); the same refusals."""
+        run = self.original(run_id)
+        self.definition(run)
+        steps = list(self.store.steps().filter(run_id=run.pk).order_by("id"))
+        return find_fork_point(run, steps, from_step)
+
     def fork(
         self,
         run_id: uuid.UUID | str,
@@ -181,15 +199,14 @@ class RunForker:
         queue: str | None = None,
     ) -> WorkflowRun:
         """See :func:`pikku_django.workflows.fork_run`."""
-        run = self.original(run_id)
+        point = self.preview(run_id, from_step)
+        run = point.run
         definition = self.definition(run)
-        steps = list(self.store.steps().filter(run_id=run.pk).order_by("id"))
-        point = find_fork_point(run, steps, from_step)
-        events = list(
-            WorkflowEvent.objects.using(self.store.using).filter(
-                run_id=run.pk, step_id__in=[s.pk for s in point.kept]
-            )
+        kept_ids = {s.pk for s in point.kept}
+        taken = WorkflowEvent.objects.using(self.store.using).filter(
+            run_id=run.pk, step__isnull=False
         )
+        events = [e for e in taken.order_by("id") if e.step_id in kept_ids]
         copy = ForkCopy(self._new_run(run, definition, point, priority, queue), point.kept, events)
         fork = self.store.create_fork(copy)
         logger.info(
@@ -270,10 +287,23 @@ def fork_run(
     ``WorkflowRunNotFoundError`` when no run has that id. ``using`` is the
     database of the runs (default ``PIKKU["WORKFLOW_DATABASE"]``).
     """
+    return forker(using).fork(run_id, from_step, priority=priority, queue=queue)
+
+
+def preview_fork(
+    run_id: uuid.UUID | str, from_step: StepRef, *, using: str | None = None
+) -> ForkPoint:
+    """What :func:`fork_run` would keep and run again (nothing written): its refusals
+    raised as it raises them."""
+    return forker(using).preview(run_id, from_step)
+
+
+def forker(using: str | None) -> RunForker:
+    """The forker on the project's engine, or on one for the database ``using``."""
     from pikku_django.workflows.api import get_engine
     from pikku_django.workflows.engine import WorkflowEngine
 
     engine = get_engine()
     if using is not None and using != engine.using:
         engine = WorkflowEngine(using)
-    return RunForker(engine).fork(run_id, from_step, priority=priority, queue=queue)
+    return RunForker(engine)
