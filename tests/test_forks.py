@@ -148,6 +148,11 @@ def test_fork_by_position_and_overrides(engine: WorkflowEngine) -> None:
     assert [s.name for s in kept.order_by("id")] == ["charge", "publish:charged"]
     assert not engine.attempts().filter(step__run_id=fork.id).exists()  # history stays
 
+    WorkflowRun.objects.using(engine.using).filter(pk=original.id).delete()
+    left = engine.get_run(fork.id)  # the fork outlives its original
+    assert (left.forked_from_id, left.forked_at_step) == (None, "record")
+    assert [s.name for s in kept.order_by("id")] == ["charge", "publish:charged"]
+
 
 def test_a_failed_run_is_forked_at_the_step_that_failed(engine: WorkflowEngine) -> None:
     original = engine.start(ORDER, {"n": 3})
