@@ -92,6 +92,7 @@ def test_rerun_from_a_step_confirms_forks_logs_and_links(admin_client: Client) -
     assert f'href="{page_of(original)}"' in fork_page
     assert "at step <strong>child</strong>" in fork_page
     assert "Re-run from this step" not in fork_page  # running: not offered yet
+    assert fork_page.count("kept from the original run: not run here") == 3
     listing = text(admin_client.get(page_of(original)))
     assert 'id="pikku-fork-list"' in listing
     assert f'href="{page_of(fork)}"' in listing

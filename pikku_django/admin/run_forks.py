@@ -57,6 +57,7 @@ class RunForkMixin(AdminMixin):
             "pikku_can_fork": run.is_terminal and self.has_fork_permission(request),
             "pikku_forked_from": links.forked_from,
             "pikku_forks": links.forks,
+            "pikku_kept_steps": links.kept,
         }
 
     def _change_url(self, run_id: Any) -> str:

@@ -283,6 +283,8 @@ class ForkLinks:
     forked_from: SafeString | None
     #: Links to the runs forked from this one, newest first, each with its step.
     forks: list[SafeString]
+    #: The ids of the steps a fork kept from its original (copies, not run here).
+    kept: frozenset[int] = frozenset()
 
 
 def _run_label(run: WorkflowRun) -> SafeString:
@@ -314,7 +316,21 @@ def fork_links(run: WorkflowRun, using: str) -> ForkLinks:
         .filter(forked_from_id=run.pk)
         .order_by("-created_at")[:FORKS_SHOWN]
     ]
-    return ForkLinks(forked_from, forks)
+    return ForkLinks(forked_from, forks, kept_steps(run, using))
+
+
+def kept_steps(run: WorkflowRun, using: str) -> frozenset[int]:
+    """The ids of a fork's steps kept from its original: those recorded before the
+    step it was forked at (all of them until that step is recorded again)."""
+    if not run.forked_at_step:
+        return frozenset()
+    kept = []
+    steps = WorkflowStep.objects.using(using).filter(run_id=run.pk).order_by("id")
+    for step_id, name in steps.values_list("id", "name"):
+        if name == run.forked_at_step:
+            break
+        kept.append(step_id)
+    return frozenset(kept)
 
 
 __all__ = [
