@@ -21,6 +21,7 @@ from django.utils.translation import gettext as _
 
 from pikku_django.admin._typing import AdminMixin
 from pikku_django.admin.formatting import (
+    admin_database,
     admin_link,
     status_badge,
     workflow_database,
@@ -52,7 +53,7 @@ class RunForkMixin(AdminMixin):
     def fork_context(self, request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
         """What the run page draws of forks: the per-step action (for this user, on a
         finished run), the run it was forked from and its own forks."""
-        links = fork_links(run, workflow_database())
+        links = fork_links(run, admin_database(request))  # only shown: the read database
         return {
             "pikku_can_fork": run.is_terminal and self.has_fork_permission(request),
             "pikku_forked_from": links.forked_from,
