@@ -54,6 +54,7 @@ from pikku_django.admin.formatting import (
 from pikku_django.admin.queries import queues, run_duration, search_filter, with_list_columns
 from pikku_django.admin.queues_page import QueuesPageMixin
 from pikku_django.admin.run_events import events_table, published_block
+from pikku_django.admin.run_forks import RunForkMixin
 from pikku_django.admin.run_list import RunListMixin
 from pikku_django.admin.run_live import RunLivePartsMixin
 from pikku_django.admin.run_page import build_timeline, load_steps
@@ -108,6 +109,7 @@ class WorkflowRunAdmin(
     QueuesPageMixin,
     DashboardMixin,
     RunLivePartsMixin,
+    RunForkMixin,
     RunListMixin,
     WorkflowDatabaseMixin,
     admin.ModelAdmin,  # type: ignore[type-arg]
@@ -357,6 +359,7 @@ class WorkflowRunAdmin(
             context["pikku_timeline"] = build_timeline(obj, using, steps)
             context["pikku_stream_url"] = run_stream_url(obj)
             context.update(self.live_parts_context(request, obj, steps))
+            context.update(self.fork_context(request, obj))
             context["pikku_title"] = title = workflow_title(obj.workflow, obj.idempotency_key)
             context["subtitle"] = f"{title} {obj.pk}"  # the window's title: no status to go stale
             context["pikku_badge"] = status_badge(
