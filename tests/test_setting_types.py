@@ -26,6 +26,7 @@ CASES: dict[str, tuple[Any, Any]] = {
     "LEASE_TTL_MS": ("30s", 5_000),
     "WORKFLOW_DATABASE": (["default"], "default"),
     "PREPARED_STATEMENTS": (0, False),
+    "DATABASE_POOLING": ("transaction", {"default": "session"}),
     "STEP_RETRIES": ("five", 0),
     "STEP_RETRY_DELAY": ([1], timedelta(seconds=2)),
     "STEP_BACKOFF": (2, "exponential"),

@@ -24,6 +24,7 @@ from typing import Any
 from django.db import connections
 
 from pikku_django.conf import pikku_settings
+from pikku_django.pooling import keeps_sessions
 from pikku_django.webhooks.credentials import configured_values, decrypt_cached
 from pikku_django.webhooks.sql import SOURCES_CHANNEL, Gate, fingerprint_of, read_state
 
@@ -96,8 +97,8 @@ def _kept_for(connection: Any) -> _Kept | None:
     LISTEN inside one would only count from its commit. Notifications already
     received are taken in first; a connection's first call LISTENs.
     """
-    if not pikku_settings.WEBHOOK_STATE_CACHE:
-        return None
+    if not pikku_settings.WEBHOOK_STATE_CACHE or not keeps_sessions(connection.alias):
+        return None  # off, or behind a transaction pooler no LISTEN lasts
     if connection.settings_dict.get("CONN_MAX_AGE") == 0 and not getattr(connection, "pool", None):
         return None  # a new connection every request: keeping would cost a LISTEN each
     if connection.in_atomic_block or not connection.get_autocommit():  # connects if need be
