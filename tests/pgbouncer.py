@@ -120,7 +120,7 @@ auth_type = trust
 auth_file = {directory / "userlist.txt"}
 pool_mode = {mode}
 max_client_conn = 400
-default_pool_size = {20 if mode == "transaction" else 80}
+default_pool_size = {10 if mode == "transaction" else 30}
 min_pool_size = 4
 server_round_robin = 1
 ignore_startup_parameters = extra_float_digits,options
