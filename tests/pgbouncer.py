@@ -106,7 +106,14 @@ def _run_as() -> dict[str, Any]:
     raise RuntimeError("No user to run PgBouncer as (it refuses root): add 'postgres'")
 
 
-def _ini(mode: str, port: int, server: dict[str, Any], directory: Path) -> str:
+def _ini(
+    mode: str,
+    port: int,
+    server: dict[str, Any],
+    directory: Path,
+    pool_size: int | None,
+    round_robin: bool,
+) -> str:
     host = server.get("HOST") or "127.0.0.1"
     return f"""\
 [databases]
@@ -120,9 +127,9 @@ auth_type = trust
 auth_file = {directory / "userlist.txt"}
 pool_mode = {mode}
 max_client_conn = 400
-default_pool_size = {10 if mode == "transaction" else 30}
+default_pool_size = {pool_size or (10 if mode == "transaction" else 30)}
 min_pool_size = 4
-server_round_robin = 1
+server_round_robin = {int(round_robin)}
 ignore_startup_parameters = extra_float_digits,options
 server_reset_query = DISCARD ALL
 logfile =
@@ -132,8 +139,17 @@ log_disconnections = 0
 """
 
 
-def start(mode: str, server: dict[str, Any], *, attempts: int = 5) -> Pooler:
-    """A PgBouncer in ``mode`` in front of ``server`` (a ``DATABASES`` entry)."""
+def start(
+    mode: str,
+    server: dict[str, Any],
+    *,
+    pool_size: int | None = None,
+    round_robin: bool = True,
+    attempts: int = 5,
+) -> Pooler:
+    """A PgBouncer in ``mode`` in front of ``server`` (a ``DATABASES`` entry), with
+    ``pool_size`` server connections per database; ``round_robin`` hands transactions
+    to them in turn (PgBouncer's default reuses the last one freed)."""
     program = executable()
     if program is None:
         raise FileNotFoundError(ENABLE)
@@ -143,7 +159,9 @@ def start(mode: str, server: dict[str, Any], *, attempts: int = 5) -> Pooler:
         port = _free_port()
         user, password = server.get("USER") or "postgres", server.get("PASSWORD") or ""
         (directory / "userlist.txt").write_text(f'"{user}" "{password}"\n')
-        (directory / "pgbouncer.ini").write_text(_ini(mode, port, server, directory))
+        (directory / "pgbouncer.ini").write_text(
+            _ini(mode, port, server, directory, pool_size, round_robin)
+        )
         for path in directory.iterdir():
             path.chmod(0o644)
         with open(directory / "pgbouncer.log", "wb") as log:

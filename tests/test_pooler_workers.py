@@ -17,6 +17,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -43,11 +44,25 @@ LEASE_MS = 3_000
 
 
 def stop(*procs: subprocess.Popen[str]) -> list[str]:
-    """SIGTERM each worker still alive; what each printed."""
+    """SIGTERM each worker still alive; what each printed (once: nothing the second time)."""
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    return [finish(proc, 60)[1] for proc in procs]
+    return [
+        "" if proc.stdout is None or proc.stdout.closed else finish(proc, 60)[1] for proc in procs
+    ]
+
+
+def wait_showing(
+    predicate: Any, timeout: float, what: str, *procs: subprocess.Popen[str] | None
+) -> None:
+    """:func:`wait_for`, failing with what the workers printed (a loaded machine may take
+    a while to start them)."""
+    try:
+        wait_for(predicate, timeout, what)
+    except pytest.fail.Exception:
+        outputs = stop(*(p for p in procs if p is not None))
+        pytest.fail(f"timed out after {timeout}s waiting for {what}:\n" + "\n".join(outputs))
 
 
 def test_a_task_whose_worker_is_sigkilled_completes_as_attempt_two_once(
@@ -61,17 +76,17 @@ def test_a_task_whose_worker_is_sigkilled_completes_as_attempt_two_once(
     first = pooled_worker(pooled, "--concurrency", "1", **env)
     second = None
     try:
-        wait_for(started.exists, 60, "attempt 1 of the task to start")
+        wait_showing(started.exists, 180, "attempt 1 of the task to start", first)
         assert int(started.read_text()) == first.pid
         second = pooled_worker(pooled, "--concurrency", "1", **env)
-        wait_for(lambda: up(alias, second), 60, "the second worker to be up before the kill")
+        wait_showing(lambda: up(alias, second), 180, "the second worker to be up", first, second)
         os.kill(first.pid, signal.SIGKILL)
 
         def done() -> bool:
             result.refresh()
             return result.is_finished
 
-        wait_for(done, LEASE_MS / 1000 + 45, "the task to finish on the other worker")
+        wait_showing(done, LEASE_MS / 1000 + 90, "the task to finish on the other worker", second)
     finally:
         outputs = stop(*(p for p in (first, second) if p is not None))
     assert result.status == TaskResultStatus.SUCCESSFUL, (result.errors, outputs)
@@ -125,7 +140,7 @@ def test_each_cron_tick_starts_one_run(pooled: Pooler, tmp_path: Path) -> None:
     env = _env(alias, tmp_path)
     workers = [pooled_worker(pooled, "--concurrency", "2", **env) for _ in "ab"]
     try:
-        wait_for(lambda: len(_runs(alias)) >= 4, 90, "four ticks started")
+        wait_showing(lambda: len(_runs(alias)) >= 4, 180, "four ticks started", *workers)
         time.sleep(1)  # both workers look for the next tick too
     finally:
         outputs = stop(*workers)
