@@ -41,6 +41,10 @@ ENABLE = (
 )
 
 
+#: A ``DATABASES`` entry's engine and user, for a pooler in front of a private cluster.
+POSTGRESQL = {"ENGINE": "django.db.backends.postgresql", "USER": "postgres", "PASSWORD": ""}
+
+
 def alias_for(mode: str) -> str:
     """The ``DATABASES`` alias of the pooler in ``mode``."""
     return f"pooled_{mode}"
@@ -130,6 +134,7 @@ max_client_conn = 400
 default_pool_size = {pool_size or (10 if mode == "transaction" else 30)}
 min_pool_size = 4
 server_round_robin = {int(round_robin)}
+server_login_retry = 1
 ignore_startup_parameters = extra_float_digits,options
 server_reset_query = DISCARD ALL
 logfile =

@@ -7,12 +7,12 @@ PIKKU_TEST_POOLER_MODE its pooling mode; the rest is tests.worker_settings'.
 import os
 
 from tests import settings as base
-from tests.pgbouncer import pooled_pikku, pooled_settings
+from tests.pgbouncer import POSTGRESQL, pooled_pikku, pooled_settings
 
 _alias = os.environ["PIKKU_TEST_ALIAS"]
 _mode = os.environ["PIKKU_TEST_POOLER_MODE"]
 base.DATABASES[_alias] = pooled_settings(
-    base.DATABASES["postgres"], int(os.environ["PIKKU_TEST_POOLER_PORT"])
+    base.DATABASES.get("postgres", POSTGRESQL), int(os.environ["PIKKU_TEST_POOLER_PORT"])
 )
 
 from tests.worker_settings import *  # noqa: E402, F403
