@@ -31,8 +31,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+
+def _default_pg_bin() -> Path:
+    """Debian's newest installed server binaries (postgresql-15 on Debian 12)."""
+    found = sorted(
+        (p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/initdb")),
+        key=lambda b: int(b.parent.name) if b.parent.name.isdigit() else 0,
+    )
+    return found[-1] if found else Path("/usr/lib/postgresql/15/bin")
+
+
 #: Where the server binaries are; PIKKU_TEST_PG_BIN points elsewhere.
-PG_BIN = Path(os.environ.get("PIKKU_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+PG_BIN = Path(os.environ.get("PIKKU_TEST_PG_BIN") or _default_pg_bin())
 #: The OS user clusters run as when the tests run as root.
 PG_OS_USER = "postgres"
 #: The superuser role of every private cluster.
@@ -250,6 +260,26 @@ def django_database(dbname: str, user: str, hosts: list[Cluster], **options: Any
         "CONN_MAX_AGE": 0,
         "TEST": {"NAME": dbname},
     }
+
+
+@contextlib.contextmanager
+def django_alias(alias: str, settings_dict: dict[str, Any]) -> Iterator[str]:
+    """``alias`` in ``django.db.connections`` for the block (no test database is made
+    for it: the block uses it as it is), its connections closed on exit."""
+    from django.db import connections
+
+    if alias in connections.settings:
+        raise ValueError(f"DATABASES already has an alias {alias!r}")
+    configured = connections.configure_settings({"default": {}, alias: dict(settings_dict)})
+    connections.settings[alias] = configured[alias]
+    try:
+        yield alias
+    finally:
+        with contextlib.suppress(Exception):
+            connections[alias].close()
+        with contextlib.suppress(AttributeError):
+            delattr(connections._connections, alias)
+        del connections.settings[alias]
 
 
 def _new_cluster(name: str) -> Cluster:

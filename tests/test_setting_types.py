@@ -25,6 +25,7 @@ CASES: dict[str, tuple[Any, Any]] = {
     "LEASE_KEY_PREFIX": (b"pikku:", "app:lease:"),
     "LEASE_TTL_MS": ("30s", 5_000),
     "WORKFLOW_DATABASE": (["default"], "default"),
+    "READ_DATABASE": (["replica"], "default"),
     "PREPARED_STATEMENTS": (0, False),
     "DATABASE_POOLING": ("transaction", {"default": "session"}),
     "STEP_RETRIES": ("five", 0),
