@@ -217,7 +217,7 @@ def pooled_pikku(alias: str, mode: str, **more: Any) -> dict[str, Any]:
     }
 
 
-def _open_server_sessions(entry: dict[str, Any], count: int) -> None:
+def open_server_sessions(entry: dict[str, Any], count: int) -> None:
     """Have the pooler open ``count`` server sessions to the database, by holding as many
     transactions at once, so that round robin has sessions to go round."""
     import psycopg
@@ -236,6 +236,7 @@ def _open_server_sessions(entry: dict[str, Any], count: int) -> None:
             conn.execute("SELECT 1")  # its transaction holds a server session until commit
     finally:
         for conn in held:
+            conn.commit()  # a client leaving mid-transaction would have its server closed
             conn.close()
 
 
@@ -258,7 +259,7 @@ def poolers(django_db_setup: None) -> Iterator[dict[str, Pooler]]:
             entry = pooled_settings(server, pooler.port)
             settings.DATABASES[pooler.alias] = entry
             connections.settings[pooler.alias] = entry
-            _open_server_sessions(entry, 4)
+            open_server_sessions(entry, 4)
         yield started
     finally:
         close_database_lease_connections()

@@ -25,7 +25,7 @@ from pikku_django.workflows import WorkflowEngine, start_workflow
 from pikku_django.workflows.store import WorkflowStore
 from pikku_django.workflows.store.postgresql import PostgresStore
 from tests.conftest import fresh_database_lease_service
-from tests.pgbouncer import Pooler, pooled_mark
+from tests.pgbouncer import Pooler, open_server_sessions, pooled_mark
 from tests.test_workflow_store import (  # the scenario table, on the `store` fixture below
     test_a_claim_is_one_guarded_update_of_a_running_runs_step,  # noqa: F401
     test_a_settle_is_fenced_by_its_attempt,  # noqa: F401
@@ -67,6 +67,7 @@ def test_a_transaction_pooler_moves_a_connection_between_server_sessions(
 ) -> None:
     """What the other tests stand on: behind the transaction pooler one connection's
     transactions run on several server sessions; behind the session pooler on one."""
+    open_server_sessions(connections[pooled.alias].settings_dict, 4)
     pids = server_sessions(pooled, 8)
     assert (len(pids) > 1) == (pooled.mode == "transaction"), pids
     assert keeps_sessions(pooled.alias) == (pooled.mode == "session")
