@@ -46,22 +46,10 @@ def _c(model: type[Any], name: str) -> str:
     return columns(model, (name,), q)
 
 
-def r(name: str) -> str:
-    return _c(WorkflowRun, name)
-
-
-def s(name: str) -> str:
-    return _c(WorkflowStep, name)
-
-
-def a(name: str) -> str:
-    return _c(StepAttempt, name)
-
-
-def k(name: str) -> str:
-    return _c(QueueClaim, name)
-
-
+#: A column of a run, a step, an attempt, a rate slot.
+r, s, a, k = (
+    functools.partial(_c, m) for m in (WorkflowRun, WorkflowStep, StepAttempt, QueueClaim)
+)
 RUNS, STEPS, ATTEMPTS = _t(WorkflowRun), _t(WorkflowStep), _t(StepAttempt)
 
 #: The columns of a new step, as :class:`NewStep` names them.
