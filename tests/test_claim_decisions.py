@@ -337,3 +337,16 @@ def test_every_named_postgresql_statement_is_prepared_by_the_server(vendor: str)
     assert problems == [], "\n".join(problems)
     assert {"claim_step", "settle", "finish_run", "notify", "start_run"} <= prepared
     assert len(prepared) == len(BUILDERS) + 4
+
+
+@pytest.mark.parametrize("vendor", [pytest.param("mariadb", marks=db_mark("mariadb"))])
+def test_every_named_mariadb_statement_is_prepared_by_the_server(vendor: str) -> None:
+    from pikku_django.workflows.store import mysql_sql
+
+    alias = database_alias(vendor)
+    with connections[alias].cursor() as cursor:
+        for name in mysql_sql.BUILDERS:
+            cursor.execute(
+                "PREPARE pikku_checked FROM %s", [mysql_sql.statement(name).replace("%s", "?")]
+            )
+            cursor.execute("DEALLOCATE PREPARE pikku_checked")
