@@ -29,6 +29,11 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_TTL_MS": 30_000,
     # The DATABASES alias that holds workflow runs, steps and attempts.
     "WORKFLOW_DATABASE": "default",
+    # A DATABASES alias (a replica of WORKFLOW_DATABASE) that the screens people only
+    # read draw from: the admin's lists and pages, the dashboard, pikku_runs list and
+    # show, the JSON status endpoint. Claims, leases, settles, starts, the status
+    # stream and every worker use WORKFLOW_DATABASE. None: WORKFLOW_DATABASE.
+    "READ_DATABASE": None,
     # PostgreSQL: prepare pikku_django's own hot-path statements (steps, webhook
     # events) on Django's connection (off behind PgBouncer before 1.21 in
     # transaction mode).
@@ -234,6 +239,7 @@ RULES: dict[str, Rule] = {
         (int,), "a positive int of milliseconds", minimum=1, check_id="pikku_django.E002"
     ),
     "WORKFLOW_DATABASE": ALIAS,
+    "READ_DATABASE": Rule((str,), "a str naming a DATABASES alias, or None", allows_none=True),
     "PREPARED_STATEMENTS": FLAG,
     "STEP_RETRIES": Rule((int,), "an int of 0 or more", minimum=0, check_id="pikku_django.E012"),
     "STEP_RETRY_DELAY": Rule(

@@ -125,6 +125,14 @@ if _reachable("mariadb", SERVICE_URLS["mariadb"], 3306):
         "COLLATION": "utf8mb4_bin",
     }
 
+# Replicas for PIKKU["READ_DATABASE"] (tests/test_read_database.py): each database again
+# under another alias, as Django's test mirrors, so a query through a replica is told
+# apart from one through its primary.
+READ_REPLICAS = {"default": "replica", "postgres": "postgres_replica", "mariadb": "mariadb_replica"}
+for _primary, _replica in READ_REPLICAS.items():
+    if _primary in DATABASES:
+        DATABASES[_replica] = {**DATABASES[_primary], "TEST": {"MIRROR": _primary}}
+
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 if _reachable("redis", SERVICE_URLS["redis"], 6379):
     CACHES["redis"] = {

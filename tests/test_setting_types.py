@@ -25,6 +25,7 @@ CASES: dict[str, tuple[Any, Any]] = {
     "LEASE_KEY_PREFIX": (b"pikku:", "app:lease:"),
     "LEASE_TTL_MS": ("30s", 5_000),
     "WORKFLOW_DATABASE": (["default"], "default"),
+    "READ_DATABASE": (["replica"], "default"),
     "PREPARED_STATEMENTS": (0, False),
     "STEP_RETRIES": ("five", 0),
     "STEP_RETRY_DELAY": ([1], timedelta(seconds=2)),

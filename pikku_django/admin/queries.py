@@ -15,22 +15,16 @@ from django.db import connections
 from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, UUIDField
 from django.utils import timezone
 
-from pikku_django.models import (
-    RunStatus,
-    StepAttempt,
-    StepKind,
-    StepStatus,
-    WorkflowRun,
-    WorkflowStep,
-)
+from pikku_django.models import RunStatus, StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.models.workflows import WorkflowRunQuerySet
 
 
 def with_list_columns(runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
     """``runs`` with ``current_step``, ``current_step_status``, ``attempt_count`` and
     ``parent_run_id``, each read in the same statement."""
-    last_step = WorkflowStep.objects.filter(run_id=OuterRef("pk")).order_by("-id")
+    last_step = WorkflowStep.objects.of_run(OuterRef("pk")).order_by("-id")
     attempts = (
-        StepAttempt.objects.filter(step__run_id=OuterRef("pk"))
+        StepAttempt.objects.of_run(OuterRef("pk"))
         .order_by()
         .values("step__run_id")
         .annotate(n=Count("id"))
@@ -49,20 +43,6 @@ def run_duration(run: WorkflowRun, now: datetime | None = None) -> timedelta:
     """How long the run has taken: until its last change once finished, else until now."""
     end = run.updated_at if run.is_terminal else (now or timezone.now())
     return max(timedelta(0), end - run.created_at)
-
-
-def ready_steps(steps: QuerySet[WorkflowStep], now: datetime) -> QuerySet[WorkflowStep]:
-    """Queued steps that are due and wait for a worker to claim them."""
-    return steps.filter(
-        kind=StepKind.QUEUED,
-        status__in=(StepStatus.PENDING, StepStatus.SCHEDULED),
-        available_at__lte=now,
-    )
-
-
-def runs_in_queue(queue: str, using: str) -> QuerySet[WorkflowStep, Any]:
-    """The ids of runs with a step on ``queue`` (for ``pk__in``)."""
-    return WorkflowStep.objects.using(using).filter(queue=queue).values("run_id")
 
 
 def search_filter(term: str, vendor: str) -> Q:
@@ -94,14 +74,14 @@ class RunFilters:
                 f"unknown status {self.status!r}; use one of {', '.join(RunStatus.values)}"
             )
 
-    def apply(self, runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
+    def apply(self, runs: WorkflowRunQuerySet) -> WorkflowRunQuerySet:
         using = runs.db
         if self.workflow:
             runs = runs.filter(workflow=self.workflow)
         if self.status:
             runs = runs.filter(status=self.status)
         if self.queue:
-            runs = runs.filter(pk__in=runs_in_queue(self.queue, using))
+            runs = runs.with_step_on(self.queue)
         if self.since:
             runs = runs.filter(created_at__gte=start_of(self.since))
         if self.until:

@@ -105,7 +105,7 @@ def load_steps(run: WorkflowRun, using: str) -> list[WorkflowStep]:
     one query for each of the three tables, however many steps the run has."""
     return list(
         WorkflowStep.objects.using(using)
-        .filter(run_id=run.pk)
+        .of_run(run.pk)
         .select_related("child_run")
         .prefetch_related("attempts")
         .order_by("id")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
@@ -42,6 +42,7 @@ from django.utils.translation import gettext_lazy, ngettext
 from pikku_django.admin._bulk_actions import operate
 from pikku_django.admin.dashboard import DashboardMixin
 from pikku_django.admin.formatting import (
+    admin_database,
     error_block,
     format_duration,
     format_time,
@@ -64,7 +65,8 @@ from pikku_django.admin.steps import (
     WorkflowDatabaseMixin,
     WorkflowStepAdmin,
 )
-from pikku_django.models import TERMINAL_RUN_STATUSES, StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.models import StepAttempt, WorkflowRun
+from pikku_django.models.workflows import WorkflowRunQuerySet
 
 logger = logging.getLogger(__name__)
 
@@ -90,13 +92,13 @@ class QueueFilter(admin.SimpleListFilter):
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in queues(workflow_database())]
+        return [(name, name) for name in queues(admin_database(request))]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> Any:
-        if not self.value():
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        queue = self.value()
+        if not queue:
             return queryset
-        steps = WorkflowStep.objects.using(queryset.db).filter(queue=self.value())
-        return queryset.filter(pk__in=steps.values("run_id"))
+        return cast(WorkflowRunQuerySet, queryset).with_step_on(queue)
 
 
 # -- runs -----------------------------------------------------------------------------
@@ -307,10 +309,10 @@ class WorkflowRunAdmin(
         description=gettext_lazy("Delete selected finished workflow runs"),
     )
     def delete_selected(
-        self, request: HttpRequest, queryset: QuerySet[WorkflowRun]
+        self, request: HttpRequest, queryset: WorkflowRunQuerySet
     ) -> HttpResponseBase | None:
         """Django's delete, refused while a selected run is still running or suspended."""
-        live = queryset.exclude(status__in=TERMINAL_RUN_STATUSES).count()
+        live = queryset.active().count()
         if live:
             self.message_user(
                 request,
@@ -351,7 +353,7 @@ class WorkflowRunAdmin(
         obj: WorkflowRun | None = None,
     ) -> Any:
         if obj is not None:
-            using = workflow_database()
+            using = admin_database(request)
             steps = load_steps(obj, using)
             context["pikku_timeline"] = build_timeline(obj, using, steps)
             context["pikku_stream_url"] = run_stream_url(obj)

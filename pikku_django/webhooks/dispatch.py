@@ -184,9 +184,7 @@ def refusal_reason(new: NewEvent) -> str:
 
 def waiting_receipts(engine: RunStarter) -> Any:
     """The receipts whose run a worker has yet to start (not those set aside)."""
-    return WebhookReceipt.objects.using(engine.using).filter(
-        run_id__isnull=True, input__isnull=False, set_aside=""
-    )
+    return WebhookReceipt.objects.using(engine.using).waiting()
 
 
 def start_waiting_runs(engine: RunStarter, limit: int = 100) -> int:

@@ -23,6 +23,7 @@ from pikku_django.admin.queries import RunFilters, describe, run_duration, with_
 from pikku_django.admin.steering import OPERATIONS, Operation
 from pikku_django.management.output import format_table, shown
 from pikku_django.models import RunStatus, StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.read_database import read_database
 from pikku_django.schema import require_migrated
 from pikku_django.workflows.errors import WorkflowError
 
@@ -108,8 +109,9 @@ def step_data(step: WorkflowStep) -> dict[str, Any]:
 class Command(BaseCommand):
     help = (
         "Workflow runs from the command line: list them (with the admin's filters), show "
-        "one with its steps and attempts, and resume, cancel or retry one. Runs are read "
-        "from PIKKU['WORKFLOW_DATABASE']. A run is named by its id or the id's first "
+        "one with its steps and attempts, and resume, cancel or retry one. list and show "
+        "read PIKKU['READ_DATABASE'] when it is set, the others PIKKU['WORKFLOW_DATABASE']. "
+        "A run is named by its id or the id's first "
         f"{MIN_PREFIX} or more characters (as the admin list shows them). --json prints "
         "JSON instead of a table. See `pikku_runs SUBCOMMAND --help` for each one's options."
     )
@@ -185,9 +187,10 @@ class Command(BaseCommand):
         require_migrated(using)
         subcommand = options["subcommand"]
         if subcommand == "list":
-            self.list_runs(using, options)
+            self.list_runs(read_database(using), options)
         elif subcommand == "show":
-            self.show_run(find_run(options["run"], using), using, as_json=options["json"])
+            reading = read_database(using)
+            self.show_run(find_run(options["run"], reading), reading, as_json=options["json"])
         else:
             self.operate(Operation(subcommand), find_run(options["run"], using), using, options)
 
@@ -240,7 +243,7 @@ class Command(BaseCommand):
         listed: Any = with_list_columns(WorkflowRun.objects.using(using).filter(pk=run.pk)).get()
         steps = list(
             WorkflowStep.objects.using(using)
-            .filter(run_id=run.pk)
+            .of_run(run.pk)
             .prefetch_related("attempts")
             .order_by("id")
         )
