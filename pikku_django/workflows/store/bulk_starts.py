@@ -126,14 +126,15 @@ def _unnest(
     quote = connection.ops.quote_name
     by_name = {f.attname: f for f in model._meta.concrete_fields}
     fields = [by_name[name] for name in names]
-    arrays: list[list[Any]] = [[] for _ in fields]
-    for obj in objs:
-        for values, field in zip(arrays, fields, strict=True):
-            value = field.pre_save(obj, add=True)  # auto_now fields take the time
-            if isinstance(field, models.JSONField):
-                values.append(None if value is None else json.dumps(value, cls=field.encoder))
-            else:
-                values.append(field.get_db_prep_save(value, connection))
+    arrays: list[list[Any]] = []
+    for field in fields:
+        if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False):
+            arrays.append([field.pre_save(obj, add=True) for obj in objs])  # takes the time
+        elif isinstance(field, models.JSONField):
+            values = [getattr(obj, field.attname) for obj in objs]
+            arrays.append([None if v is None else json.dumps(v, cls=field.encoder) for v in values])
+        else:  # psycopg adapts the rest (str, int, bool, UUID, datetime) as they are
+            arrays.append([getattr(obj, field.attname) for obj in objs])
     types = [
         "text" if isinstance(f, models.JSONField) else str(f.db_type(connection)) for f in fields
     ]
