@@ -37,10 +37,12 @@ from pikku_django.workflows.registry import (
     WorkflowDefinition,
     register_workflow_prefix,
 )
-from pikku_django.workflows.store.base import CHANNEL
 from tests.conftest import database_alias, db_mark
 
 VENDORS = ("sqlite", "postgres", "mariadb")
+
+#: The PostgreSQL channel new work is announced on.
+CHANNEL = "pikku_work"
 
 
 @step(name="bulk.echo")
