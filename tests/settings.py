@@ -116,6 +116,9 @@ DATABASES = {
 if _reachable("postgres", SERVICE_URLS["postgres"], 5432):
     DATABASES["postgres"] = dj_database_url.parse(SERVICE_URLS["postgres"])
     DATABASES["postgres"]["TEST"] = {"NAME": f"test_pikku_{TEST_RUN_TAG}"}
+    # The same database under another alias, as Django's test mirror: the alias that
+    # PIKKU["LISTEN_DATABASES"] names to reach it without a pooler (tests/test_wakeups.py).
+    DATABASES["postgres_direct"] = {**DATABASES["postgres"], "TEST": {"MIRROR": "postgres"}}
 if _reachable("mariadb", SERVICE_URLS["mariadb"], 3306):
     DATABASES["mariadb"] = dj_database_url.parse(SERVICE_URLS["mariadb"])
     DATABASES["mariadb"]["OPTIONS"] = {"charset": "utf8mb4"}

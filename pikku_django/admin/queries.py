@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Any
 
-from django.db import connections
 from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, UUIDField
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepAttempt, WorkflowRun, WorkflowStep
 from pikku_django.models.workflows import WorkflowRunQuerySet
+from pikku_django.workflows.store import store_for
 
 
 def with_list_columns(runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
@@ -45,14 +45,16 @@ def run_duration(run: WorkflowRun, now: datetime | None = None) -> timedelta:
     return max(timedelta(0), end - run.created_at)
 
 
-def search_filter(term: str, vendor: str) -> Q:
-    """Runs whose id, idempotency key or (on PostgreSQL) input text contains ``term``."""
+def search_filter(term: str, using: str) -> Q:
+    """Runs on ``using`` whose id, idempotency key or (where the store searches it)
+    input text contains ``term``."""
     query = Q(idempotency_key__icontains=term) | Q(workflow__icontains=term)
     try:
         query |= Q(id=uuid.UUID(term))
     except ValueError:
-        query |= Q(id__icontains=term.replace("-", "") if vendor != "postgresql" else term)
-    if vendor == "postgresql":
+        # Without a uuid type the id is stored as hex digits: Django drops the dashes.
+        query |= Q(id__icontains=term)
+    if store_for(using).searches_input_text:
         query |= Q(input__icontains=term)
     return query
 
@@ -87,7 +89,7 @@ class RunFilters:
         if self.until:
             runs = runs.filter(created_at__lt=start_of(self.until + timedelta(days=1)))
         if self.search:
-            runs = runs.filter(search_filter(self.search, connections[using].vendor))
+            runs = runs.filter(search_filter(self.search, using))
         return runs
 
 

@@ -29,7 +29,6 @@ from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.utils import NestedObjects
 from django.contrib.auth import get_permission_codename
-from django.db import connections
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import NoReverseMatch, reverse
@@ -55,6 +54,7 @@ from pikku_django.admin.formatting import (
 from pikku_django.admin.queries import queues, run_duration, search_filter, with_list_columns
 from pikku_django.admin.queues_page import QueuesPageMixin
 from pikku_django.admin.run_events import events_table, published_block
+from pikku_django.admin.run_forks import RunForkMixin
 from pikku_django.admin.run_list import RunListMixin
 from pikku_django.admin.run_live import RunLivePartsMixin
 from pikku_django.admin.run_page import build_timeline, load_steps
@@ -109,6 +109,7 @@ class WorkflowRunAdmin(
     QueuesPageMixin,
     DashboardMixin,
     RunLivePartsMixin,
+    RunForkMixin,
     RunListMixin,
     WorkflowDatabaseMixin,
     admin.ModelAdmin,  # type: ignore[type-arg]
@@ -244,7 +245,7 @@ class WorkflowRunAdmin(
         term = search_term.strip()
         if not term:
             return queryset, False
-        return queryset.filter(search_filter(term, connections[queryset.db].vendor)), False
+        return queryset.filter(search_filter(term, queryset.db)), False
 
     @admin.display(description=gettext_lazy("workflow"), ordering="workflow")
     def workflow_name(self, obj: WorkflowRun) -> str:
@@ -358,6 +359,7 @@ class WorkflowRunAdmin(
             context["pikku_timeline"] = build_timeline(obj, using, steps)
             context["pikku_stream_url"] = run_stream_url(obj)
             context.update(self.live_parts_context(request, obj, steps))
+            context.update(self.fork_context(request, obj))
             context["pikku_title"] = title = workflow_title(obj.workflow, obj.idempotency_key)
             context["subtitle"] = f"{title} {obj.pk}"  # the window's title: no status to go stale
             context["pikku_badge"] = status_badge(

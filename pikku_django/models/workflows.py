@@ -255,6 +255,25 @@ class WorkflowRun(models.Model):
             "that claims the run may store it claimed and skip that pass (cleared then)"
         ),
     )
+    forked_from = models.ForeignKey(
+        "self",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="forks",
+        verbose_name=_("forked from"),
+        help_text=_("the run this one re-runs from a step (see fork_run)"),
+    )
+    forked_at_step = models.CharField(
+        _("forked at step"),
+        max_length=255,
+        blank=True,
+        default="",
+        db_default="",
+        editable=False,
+        help_text=_("the step of the original run this one was re-run from"),
+    )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
 

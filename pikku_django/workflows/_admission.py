@@ -15,24 +15,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
 from django.db.models import Min, Q, QuerySet
 from django.dispatch import receiver
 from django.utils import timezone
 
 from pikku_django import signals
 from pikku_django.models import RunStatus, WorkflowRun
+from pikku_django.wakeups import KEYS_WAITING, announce
 from pikku_django.workflows.intake import RunStarter, register_intake
 from pikku_django.workflows.logcontext import workflow_logger
-from pikku_django.workflows.store import CHANNEL, WorkflowStore
+from pikku_django.workflows.store import WorkflowStore
 
 logger = workflow_logger(__name__)
 
 #: The lock every worker's admission takes (no queue can have this name: queue
 #: names have no surrounding spaces).
 ADMISSION_LOCK = " concurrency keys "
-#: The notification that tells workers a keyed run ended (PostgreSQL).
-NOTIFY_PAYLOAD = "pikku.concurrency_keys"
 #: Seconds after a look that found waiting runs that an ending run notifies workers.
 _NOTIFY_WINDOW = 60.0
 #: When this process's last look at each database found waiting runs (monotonic
@@ -143,7 +141,7 @@ class KeyAdmission:
     """Waiting keyed runs as a source of work for the worker."""
 
     name = "pikku.concurrency_keys"
-    notify_payload: str | None = NOTIFY_PAYLOAD
+    notify_payload: str | None = KEYS_WAITING
 
     def start_waiting(self, engine: RunStarter, limit: int) -> int:
         return admit(engine.store, limit, _now(engine))
@@ -160,15 +158,14 @@ def _now(engine: RunStarter) -> datetime:
 
 @receiver(signals.run_finished, dispatch_uid="pikku_django.concurrency_keys")
 def _slot_freed(sender: Any, **kwargs: Any) -> None:
-    """A run ended while keyed runs wait: tell workers to look now (PostgreSQL)."""
+    """A run ended while keyed runs wait: tell workers to look now."""
     store = getattr(sender, "store", None)
-    if store is None or store.vendor != "postgresql" or not store.notifying:
+    if store is None:
         return
     seen = _last_seen_waiting.get(store.using)
     if seen is None or time.monotonic() - seen > _NOTIFY_WINDOW:
         return
-    with connections[store.using].cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, NOTIFY_PAYLOAD])
+    announce(store.using, KEYS_WAITING, notifying=store.notifying)
 
 
 def register() -> None:

@@ -36,13 +36,8 @@ from pikku_django.workflows._values import (
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.queues import Rate
 from pikku_django.workflows.store.bulk_starts import BulkStarts
+from pikku_django.workflows.store.fork import RunForks
 from pikku_django.workflows.store.step_writes import StepWrites
-
-#: The PostgreSQL channel that new work is announced on.
-CHANNEL = "pikku_work"
-
-#: The PostgreSQL channel that a run's end is announced on, with the run's id.
-RUN_DONE_CHANNEL = "pikku_run_done"
 
 
 def columns(model: type[models.Model], names: Sequence[str], quote: Callable[[str], str]) -> str:
@@ -221,13 +216,19 @@ class KeyedStarts:
             return taken.get(workflow=workflow, idempotency_key=idempotency_key)
 
 
-class WorkflowStore(BulkStarts, KeyedStarts, FreshClaims, ChainedWrites, StepWrites, abc.ABC):
+class WorkflowStore(
+    BulkStarts, KeyedStarts, FreshClaims, ChainedWrites, StepWrites, RunForks, abc.ABC
+):
     """The workflow tables' operations on one database (``using``)."""
 
     vendor: str = ""
     #: Whether :meth:`ready_steps_exist` says no only when no step is ready (else it
     #: may say yes to let the claim's own query decide).
     exact_ready_look: bool = False
+    #: Whether the database takes one worker process at a time (one writer).
+    one_worker_process: bool = False
+    #: Whether a run's input is searched as text (the admin's and pikku_runs' search).
+    searches_input_text: bool = False
 
     def __init__(self, using: str, config: Callable[[], EngineConfig] = engine_config) -> None:
         self.using = using

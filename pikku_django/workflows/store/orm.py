@@ -28,7 +28,7 @@ from pikku_django.models import (
 )
 from pikku_django.workflows._pauses import paused, paused_look, without_paused
 from pikku_django.workflows._values import DueRun, NewStep, NextDue, Settled, Wake
-from pikku_django.workflows.store.base import CHANNEL, NewRun, WorkflowStore
+from pikku_django.workflows.store.base import NewRun, WorkflowStore
 from pikku_django.workflows.store.step_writes import running_attempt
 
 #: The order steps are claimed in: highest priority first, first in first out
@@ -469,7 +469,6 @@ class OrmStore(WorkflowStore):
 
 
 __all__ = [
-    "CHANNEL",
     "RUN_CLAIM_ORDER",
     "STEP_CLAIM_ORDER",
     "OrmStore",
