@@ -5,9 +5,11 @@ from pikku_django.workflows._async_api import (
     aresume_workflow,
     aretry_workflow,
     astart_workflow,
+    astart_workflows,
     aworkflow_status,
     workflow_status,
 )
+from pikku_django.workflows._bulk_start import BulkStartOptions
 from pikku_django.workflows._fanout import Branch, JoinPolicy, Outcome, ParallelGroup
 from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._sending import RunExchange
@@ -29,6 +31,7 @@ from pikku_django.workflows.api import (
     send_event,
     send_event_with_start,
     start_workflow,
+    start_workflows,
     wait_for_run,
 )
 from pikku_django.workflows.clock import Clock, FakeClock
@@ -78,6 +81,7 @@ __all__ = [
     "PRIORITY_MIN",
     "TIMED_OUT",
     "Branch",
+    "BulkStartOptions",
     "ClaimedStep",
     "Clock",
     "EngineConfig",
@@ -126,6 +130,7 @@ __all__ = [
     "aresume_workflow",
     "aretry_workflow",
     "astart_workflow",
+    "astart_workflows",
     "await_run",
     "aworkflow_status",
     "cancel_workflow",
@@ -142,6 +147,7 @@ __all__ = [
     "send_event_with_start",
     "start_waiting_runs",
     "start_workflow",
+    "start_workflows",
     "step",
     "unregister_intake",
     "wait_for_run",

@@ -8,12 +8,13 @@ the same database, and raises the same errors.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Unpack
 
 from asgiref.sync import sync_to_async
 
 from pikku_django.models import WorkflowRun
+from pikku_django.workflows._bulk_start import BulkStartOptions
 from pikku_django.workflows._starting import StartOptions
 from pikku_django.workflows.api import (
     cancel_workflow,
@@ -21,6 +22,7 @@ from pikku_django.workflows.api import (
     resume_workflow,
     retry_workflow,
     start_workflow,
+    start_workflows,
 )
 from pikku_django.workflows.errors import WorkflowRunNotFoundError
 from pikku_django.workflows.status import RunSnapshot, snapshot
@@ -31,6 +33,19 @@ async def astart_workflow(
 ) -> WorkflowRun:
     """:func:`~pikku_django.workflows.start_workflow` for async code (the same options)."""
     return await sync_to_async(start_workflow)(workflow, input, **options)
+
+
+async def astart_workflows(
+    workflow: str | Callable[..., Any],
+    inputs: Iterable[Any],
+    *,
+    idempotency_keys: Sequence[str | None] | None = None,
+    **options: Unpack[BulkStartOptions],
+) -> list[WorkflowRun]:
+    """:func:`~pikku_django.workflows.start_workflows` for async code (the same options)."""
+    return await sync_to_async(start_workflows)(
+        workflow, list(inputs), idempotency_keys=idempotency_keys, **options
+    )
 
 
 async def aresume_workflow(run_id: uuid.UUID | str, data: Any = None) -> WorkflowRun:

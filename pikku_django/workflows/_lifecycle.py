@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import re
 import uuid
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -18,19 +17,15 @@ from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, Wo
 from pikku_django.wakeups import announce_run_end
 from pikku_django.workflows._branches import failed_group
 from pikku_django.workflows._debounce import debounced_start
-from pikku_django.workflows._opening import opening_step
+from pikku_django.workflows._new_run import FindFirstStep, check_idempotency_key, run_row
 from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._values import to_json
 from pikku_django.workflows.errors import WorkflowRunNotFoundError, WorkflowRunStateError
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.registry import WorkflowDefinition
-from pikku_django.workflows.tracing import current_trace_context
 
 logger = workflow_logger(__name__)
-
-#: Finds a new run's first step: its columns, or None (see ``_first_step``).
-FindFirstStep = Callable[[WorkflowDefinition, WorkflowRun], "dict[str, Any] | None"]
 
 #: The name ``ctx.do(..., on_error=...)`` gives a compensation step: ``<step>:on_error``.
 COMPENSATION_NAME = re.compile(r"(?P<step>.+):on_error(?:#\d+)?")
@@ -68,10 +63,7 @@ class RunLifecycle:
         ``debounced`` start reuses the key's run while it waits (see ``_debounce``)."""
         options = options or RunOptions()
         payload = to_json(input, "The workflow input")
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 255
-        ):
-            raise ValueError("idempotency_key must be a str of 1 to 255 characters")
+        check_idempotency_key(idempotency_key)
         runs = self.store.runs()
         if debounced and idempotency_key is not None:
             key = idempotency_key
@@ -117,31 +109,18 @@ class RunLifecycle:
         """Insert the run (IntegrityError if its idempotency key is taken), with its
         opening step when its workflow declares one (see ``_opening``), else with its
         first step found ahead when ``first`` (see ``_first_step``)."""
-        keyed = options.concurrency_key is not None
-        due = options.due_at(self.clock.now())
-        run = WorkflowRun(
-            workflow=definition.name,
-            input=payload,
+        row = run_row(
+            definition,
+            payload,
+            idempotency_key,
+            options,
+            self.clock.now(),
             inline=inline,
-            idempotency_key=idempotency_key,
-            priority=options.priority,
-            queue=options.queue,
-            start_at=options.start_at,
-            deadline_at=options.deadline_at,
-            # A keyed run waits, not due, until a worker gives it a slot.
-            concurrency_key=options.concurrency_key,
-            concurrency_limit=options.concurrency_limit,
-            key_waiting=keyed,
-            wake_at=None if inline or keyed else due,
-            trace_context=current_trace_context(),
-            version=definition.version,
+            config=self.store.config,
+            find_first_step=self.find_first_step if first else None,
         )
-        opening = None if inline or keyed else opening_step(definition, run, self.store.config)
-        if opening is not None:
-            run.wake_at = None  # its step is claimed from the queue; its settle wakes it
-        elif first and not (inline or keyed) and self.find_first_step is not None:
-            run.first_step = self.find_first_step(definition, run)
-        self.store.create_run(run, opening, due)
+        run = row.run
+        self.store.create_run(run, row.opening, row.due)
         self.states.events.run_started(run)
         return run
 

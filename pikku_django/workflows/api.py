@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Unpack
 
 from pikku_django.models import WorkflowRun
+from pikku_django.workflows._bulk_start import BulkStartOptions
 from pikku_django.workflows._sending import RunRef
 from pikku_django.workflows._signals_in import SentEvent
 from pikku_django.workflows._starting import StartOptions
@@ -63,6 +64,32 @@ def start_workflow(
     the latest start's input; a start after its run has begun makes a new run.
     """
     return get_engine().start(workflow, input, **options)
+
+
+def start_workflows(
+    workflow: str | Callable[..., Any],
+    inputs: Iterable[Any],
+    *,
+    idempotency_keys: Sequence[str | None] | None = None,
+    **options: Unpack[BulkStartOptions],
+) -> list[WorkflowRun]:
+    """Start a run of ``workflow`` per input, together, and return them in order.
+
+    The runs are written a batch of a thousand per statement, in one transaction (the
+    caller's, if any: a rolled-back ``transaction.atomic()`` leaves none), and idle
+    workers are told once per batch, as it commits. Every input is checked before
+    anything is written: an unknown workflow, an input that is not JSON or a bad
+    option raises and starts nothing.
+
+    ``idempotency_keys`` gives one key (or None) per input: a key whose run exists
+    returns that run, and inputs sharing a key share one run. The options
+    (:class:`~pikku_django.workflows.BulkStartOptions`: ``priority``, ``queue``,
+    ``start_at`` or ``delay``, ``concurrency_key`` and ``concurrency_limit``,
+    ``deadline`` or ``timeout``) apply to every run, as
+    :func:`start_workflow` describes them; ``inline`` and ``debounce`` are for
+    single starts.
+    """
+    return get_engine().start_many(workflow, inputs, idempotency_keys=idempotency_keys, **options)
 
 
 def resume_workflow(run_id: uuid.UUID | str, data: Any = None) -> WorkflowRun:

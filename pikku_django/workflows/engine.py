@@ -27,6 +27,7 @@ from django.db.models import QuerySet
 from pikku_django.leases import HeldLease, LeaseService, hold_lease
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
 from pikku_django.workflows._after_step import AfterStep, PassAfterStep
+from pikku_django.workflows._bulk_start import BulkStarter, BulkStartOptions
 from pikku_django.workflows._claims import Claims
 from pikku_django.workflows._deadlines import RunDeadlines
 from pikku_django.workflows._events import RunEvents
@@ -112,6 +113,7 @@ class WorkflowEngine:
         self._states = RunStates(self.store, self.clock, RunEvents(self, self.using))
         self._lifecycle = RunLifecycle(self._states)
         self._starts = RunStarts(self._lifecycle)
+        self._bulk = BulkStarter(self._lifecycle)
         self._claims = Claims(self._states, settings)
         self.execution = Execution(self._states, settings)
         self._inline_steps = InlineSteps(self._states, self._claims, self.execution)
@@ -160,6 +162,18 @@ class WorkflowEngine:
         :func:`~pikku_django.workflows.start_workflow` describes them."""
         run, created = self._starts.start(workflow, input, options)
         return self._drive(run.id) if options.get("inline", False) and created else run
+
+    def start_many(
+        self,
+        workflow: str | Callable[..., Any],
+        inputs: Iterable[Any],
+        *,
+        idempotency_keys: Sequence[str | None] | None = None,
+        **options: Unpack[BulkStartOptions],
+    ) -> list[WorkflowRun]:
+        """Start a run per input together (see
+        :func:`~pikku_django.workflows.start_workflows`): the runs, in order."""
+        return self._bulk.start(workflow, inputs, idempotency_keys, options)
 
     def create_runs(self, runs: Sequence[NewRun]) -> list[uuid.UUID]:
         """Create runs of registered workflows, due now (or after their workflow's

@@ -35,6 +35,7 @@ from pikku_django.workflows._values import (
 )
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.queues import Rate
+from pikku_django.workflows.store.bulk_starts import BulkStarts
 from pikku_django.workflows.store.decisions import Decision
 from pikku_django.workflows.store.fork import RunForks
 from pikku_django.workflows.store.step_writes import StepWrites
@@ -216,7 +217,9 @@ class KeyedStarts:
             return taken.get(workflow=workflow, idempotency_key=idempotency_key)
 
 
-class WorkflowStore(KeyedStarts, FreshClaims, ChainedWrites, StepWrites, RunForks, abc.ABC):
+class WorkflowStore(
+    BulkStarts, KeyedStarts, FreshClaims, ChainedWrites, StepWrites, RunForks, abc.ABC
+):
     """The workflow tables' operations on one database (``using``)."""
 
     vendor: str = ""
