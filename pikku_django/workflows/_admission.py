@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
 from django.db.models import Min, Q, QuerySet
 from django.dispatch import receiver
 from django.utils import timezone
@@ -24,7 +23,7 @@ from pikku_django import signals
 from pikku_django.models import RunStatus, WorkflowRun
 from pikku_django.workflows.intake import RunStarter, register_intake
 from pikku_django.workflows.logcontext import workflow_logger
-from pikku_django.workflows.store import CHANNEL, WorkflowStore
+from pikku_django.workflows.store import WorkflowStore
 
 logger = workflow_logger(__name__)
 
@@ -117,11 +116,7 @@ def admit(store: WorkflowStore, limit: int, now: datetime | None = None) -> int:
             if state.free <= 0:
                 continue
             ids = [run_id for run_id, _ in _head(store, key, state.free, now)]
-            made = (
-                store.runs()
-                .filter(id__in=ids, key_waiting=True, status=RunStatus.RUNNING)
-                .update(key_waiting=False, wake_at=now, updated_at=timezone.now())
-            )
+            made = store.admit_runs(ids, now)
             admitted += made
             logger.debug("Key %r: %d run(s) admitted, %d in progress", key, made, state.in_progress)
         if admitted:
@@ -162,13 +157,12 @@ def _now(engine: RunStarter) -> datetime:
 def _slot_freed(sender: Any, **kwargs: Any) -> None:
     """A run ended while keyed runs wait: tell workers to look now (PostgreSQL)."""
     store = getattr(sender, "store", None)
-    if store is None or store.vendor != "postgresql" or not store.notifying:
+    if store is None or not store.notifying:
         return
     seen = _last_seen_waiting.get(store.using)
     if seen is None or time.monotonic() - seen > _NOTIFY_WINDOW:
         return
-    with connections[store.using].cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, NOTIFY_PAYLOAD])
+    store.notify_intake(NOTIFY_PAYLOAD)
 
 
 def register() -> None:

@@ -35,6 +35,8 @@ from pikku_django.workflows._values import (
 )
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.queues import Rate
+from pikku_django.workflows.store.queue_writes import QueueWrites
+from pikku_django.workflows.store.run_writes import RunWrites
 
 #: The PostgreSQL channel that new work is announced on.
 CHANNEL = "pikku_work"
@@ -219,7 +221,7 @@ class KeyedStarts:
             return taken.get(workflow=workflow, idempotency_key=idempotency_key)
 
 
-class WorkflowStore(KeyedStarts, FreshClaims, ChainedWrites, abc.ABC):
+class WorkflowStore(RunWrites, QueueWrites, KeyedStarts, FreshClaims, ChainedWrites, abc.ABC):
     """The workflow tables' operations on one database (``using``)."""
 
     vendor: str = ""
