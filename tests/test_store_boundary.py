@@ -179,7 +179,8 @@ class _Scan(ast.NodeVisitor):
                 return isinstance(node.value, ast.Name) and node.value.id in self.models
             if isinstance(node.value, ast.Name) and node.value.id == "self":
                 return f"self.{node.attr}" in self.bound[-1]
-            return False
+            # A related manager of a row: ``run.steps``, ``run.events``.
+            return node.attr in ACCESSORS and self.rows(node.value)
         if isinstance(node, ast.Subscript):
             return self.rows(node.value)
         if isinstance(node, ast.Call):
@@ -354,6 +355,7 @@ CAUGHT = [
     ("def f(step: WorkflowStep) -> None:\n    step.delete()", "step.delete()"),
     ("def f(r: 'WorkflowRun | None') -> None:\n    r.save()", "r.save()"),
     ("for s in engine.steps().filter(a=1):\n    s.save()", "s.save()"),
+    ("def f(run: WorkflowRun) -> None:\n    run.steps.filter(a=1).update(b=2)", "update()"),
     ("o = QueueClaim.objects.filter(q=1)\no.delete()", "o.delete()"),
     ("from pikku_django.models import Lease as L\nL.objects.filter().delete()", "delete()"),
     ("c = Collector(using=u, origin=WorkflowRun.objects.all())\nc.delete()", "c.delete()"),
