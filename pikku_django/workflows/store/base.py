@@ -35,14 +35,10 @@ from pikku_django.workflows._values import (
 )
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.queues import Rate
+from pikku_django.workflows.store.channels import CHANNEL as CHANNEL
+from pikku_django.workflows.store.channels import RUN_DONE_CHANNEL as RUN_DONE_CHANNEL
 from pikku_django.workflows.store.queue_writes import QueueWrites
 from pikku_django.workflows.store.run_writes import RunWrites
-
-#: The PostgreSQL channel that new work is announced on.
-CHANNEL = "pikku_work"
-
-#: The PostgreSQL channel that a run's end is announced on, with the run's id.
-RUN_DONE_CHANNEL = "pikku_run_done"
 
 
 def columns(model: type[models.Model], names: Sequence[str], quote: Callable[[str], str]) -> str:

@@ -13,6 +13,7 @@ from django.db.models.expressions import CombinedExpression
 
 from pikku_django.dbclock import EpochMs
 from pikku_django.models import QueueClaim, QueuePause
+from pikku_django.workflows.store.channels import CHANNEL
 
 logger = logging.getLogger("pikku_django.workflows.pauses")
 
@@ -65,8 +66,6 @@ class QueueWrites:
         new work is announced, on PostgreSQL)."""
         if self.vendor != "postgresql" or not self.notifying:
             return
-        from pikku_django.workflows.store.base import CHANNEL
-
         with connections[self.using].cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
 
