@@ -20,7 +20,7 @@ from django.db import connections, transaction
 
 from pikku_django.models import QueuePause
 from pikku_django.workflows._pauses import paused_look
-from pikku_django.workflows.store import WorkflowStore, store_for
+from pikku_django.workflows.store import store_for
 
 logger = logging.getLogger(__name__)
 
@@ -114,9 +114,10 @@ def pause_queue(
     pause = PausedQueue.of(added.row)
     logger.info("Queue %r paused by %s: %s", queue, paused_by or "-", reason or "-")
     if connections[alias].in_atomic_block:
-        transaction.on_commit(lambda: _settle(store), using=alias)
+        transaction.on_commit(lambda: store.await_open_transactions(SETTLE_SECONDS), using=alias)
         return QueuePauseResult(PauseChange.PAUSED, pause, settled=None)
-    return QueuePauseResult(PauseChange.PAUSED, pause, settled=_settle(store))
+    settled = store.await_open_transactions(SETTLE_SECONDS)
+    return QueuePauseResult(PauseChange.PAUSED, pause, settled=settled)
 
 
 def resume_queue(queue: str, *, using: str | None = None) -> QueuePauseResult:
@@ -141,13 +142,6 @@ def paused_queues(using: str | None = None) -> list[PausedQueue]:
     """The paused queues, by name."""
     rows = QueuePause.objects.using(_database(using)).order_by("queue")
     return [PausedQueue.of(row) for row in rows]
-
-
-def _settle(store: WorkflowStore) -> bool:
-    """Wait until the transactions open on the store's database as this is called
-    have ended, up to :data:`SETTLE_SECONDS`: a claim that read the pause table before
-    the pause committed commits before this returns. Whether they all had."""
-    return store.await_open_transactions(SETTLE_SECONDS)
 
 
 __all__ = [
