@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 from django.db import connections
-from django.utils import timezone
 
 from pikku_django.models import (
     AttemptStatus,
@@ -69,7 +68,7 @@ def start_run(engine: WorkflowEngine) -> WorkflowRun:
         queue="default",
         transactional=False,
     )
-    engine.store.create_run(run, step, timezone.now())
+    engine.store.create_run(run, step, None)
     return run
 
 
