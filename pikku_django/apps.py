@@ -21,6 +21,8 @@ class PikkuConfig(AppConfig):
         from pikku_django.schedules import intake as schedule_intake
         from pikku_django.tasks import checks as task_checks  # noqa: F401
         from pikku_django.tasks import runner  # noqa: F401  (registers the task workflows)
+        from pikku_django.wakeups import checks as wakeup_checks  # noqa: F401
+        from pikku_django.webhooks import checks as webhook_checks  # noqa: F401
         from pikku_django.webhooks import dispatch
         from pikku_django.webhooks.lifecycle import sync_after_migrate
         from pikku_django.webhooks.sources import autodiscover as discover_sources

@@ -177,6 +177,26 @@ def check_workflow_database(app_configs: Any = None, **kwargs: Any) -> list[chec
 
 
 @checks.register(checks.Tags.compatibility)
+def check_read_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The read database, when one is named, must be a DATABASES alias."""
+    if not isinstance(getattr(settings, "PIKKU", None) or {}, dict):
+        return []
+    if not pikku_settings.well_typed("READ_DATABASE"):
+        return []  # check_settings reports it
+    alias = pikku_settings.READ_DATABASE
+    if alias is None or alias in settings.DATABASES:
+        return []
+    return [
+        checks.Error(
+            f"PIKKU['READ_DATABASE'] is {alias!r}, which is not in DATABASES.",
+            hint="Name the DATABASES alias of a replica of PIKKU['WORKFLOW_DATABASE'], "
+            "or None to read from PIKKU['WORKFLOW_DATABASE'] itself.",
+            id="pikku_django.E030",
+        )
+    ]
+
+
+@checks.register(checks.Tags.compatibility)
 def check_workflow_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Step defaults, leases and worker settings must be usable."""
     if not isinstance(getattr(settings, "PIKKU", None) or {}, dict):

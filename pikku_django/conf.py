@@ -29,6 +29,11 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_TTL_MS": 30_000,
     # The DATABASES alias that holds workflow runs, steps and attempts.
     "WORKFLOW_DATABASE": "default",
+    # A DATABASES alias (a replica of WORKFLOW_DATABASE) that the screens people only
+    # read draw from: the admin's lists and pages, the dashboard, pikku_runs list and
+    # show, the JSON status endpoint. Claims, leases, settles, starts, the status
+    # stream and every worker use WORKFLOW_DATABASE. None: WORKFLOW_DATABASE.
+    "READ_DATABASE": None,
     # PostgreSQL: prepare pikku_django's own hot-path statements (steps, webhook
     # events) on Django's connection (off behind PgBouncer before 1.21 in
     # transaction mode).
@@ -66,6 +71,14 @@ DEFAULTS: dict[str, Any] = {
     # PostgreSQL: seconds between an idle worker's own looks for work while its
     # LISTEN works (new work is announced; timers and lapsing leases are looked up).
     "WORKER_NOTIFIED_POLL_INTERVAL": 10.0,
+    # PostgreSQL behind a transaction pooler (DATABASE_POOLING) with no LISTEN
+    # alias: seconds between an idle notified worker's looks for work, which it
+    # cannot be told of (at most WORKER_POLL_INTERVAL).
+    "WORKER_POOLED_POLL_INTERVAL": 0.25,
+    # PostgreSQL: per DATABASES alias, another alias reaching the same database
+    # without a transaction pooler, used only to LISTEN for wake-ups:
+    # {"default": "direct"}. Without one, behind a transaction pooler, workers poll.
+    "LISTEN_DATABASES": {},
     # Seconds between pikku_worker's progress lines (claimed, finished, failed,
     # retried, recovered).
     "WORKER_PROGRESS_INTERVAL": 60.0,
@@ -120,7 +133,7 @@ DEFAULTS: dict[str, Any] = {
     # persistent connection between requests, dropped when a change is notified;
     # every stored event re-checks them in its own statement. Turn off where
     # notifications do not reach the web server's connections (a pooler in
-    # transaction mode).
+    # transaction mode; DATABASE_POOLING says so, and nothing is kept there).
     "WEBHOOK_STATE_CACHE": True,
     # How long pikku_prune keeps the digest of each signed request accepted from a
     # source whose scheme signs no timestamp checked against a replay window (GitHub,
@@ -234,6 +247,7 @@ RULES: dict[str, Rule] = {
         (int,), "a positive int of milliseconds", minimum=1, check_id="pikku_django.E002"
     ),
     "WORKFLOW_DATABASE": ALIAS,
+    "READ_DATABASE": Rule((str,), "a str naming a DATABASES alias, or None", allows_none=True),
     "PREPARED_STATEMENTS": FLAG,
     "STEP_RETRIES": Rule((int,), "an int of 0 or more", minimum=0, check_id="pikku_django.E012"),
     "STEP_RETRY_DELAY": Rule(
@@ -258,6 +272,10 @@ RULES: dict[str, Rule] = {
     "WORKER_NOTIFIED_POLL_INTERVAL": Rule(
         (int, float), SECONDS.what, minimum=0, above=True, check_id="pikku_django.E019"
     ),
+    "WORKER_POOLED_POLL_INTERVAL": Rule(
+        (int, float), SECONDS.what, minimum=0, above=True, check_id="pikku_django.E019"
+    ),
+    "LISTEN_DATABASES": Rule((dict,), "a dict of database alias to the alias it LISTENs through"),
     "WORKER_PROGRESS_INTERVAL": SECONDS,
     "RECOVERY_INTERVAL": SECONDS,
     "STALLED_RUN_AFTER": SECONDS,

@@ -116,6 +116,9 @@ DATABASES = {
 if _reachable("postgres", SERVICE_URLS["postgres"], 5432):
     DATABASES["postgres"] = dj_database_url.parse(SERVICE_URLS["postgres"])
     DATABASES["postgres"]["TEST"] = {"NAME": f"test_pikku_{TEST_RUN_TAG}"}
+    # The same database under another alias, as Django's test mirror: the alias that
+    # PIKKU["LISTEN_DATABASES"] names to reach it without a pooler (tests/test_wakeups.py).
+    DATABASES["postgres_direct"] = {**DATABASES["postgres"], "TEST": {"MIRROR": "postgres"}}
 if _reachable("mariadb", SERVICE_URLS["mariadb"], 3306):
     DATABASES["mariadb"] = dj_database_url.parse(SERVICE_URLS["mariadb"])
     DATABASES["mariadb"]["OPTIONS"] = {"charset": "utf8mb4"}
@@ -124,6 +127,14 @@ if _reachable("mariadb", SERVICE_URLS["mariadb"], 3306):
         "CHARSET": "utf8mb4",
         "COLLATION": "utf8mb4_bin",
     }
+
+# Replicas for PIKKU["READ_DATABASE"] (tests/test_read_database.py): each database again
+# under another alias, as Django's test mirrors, so a query through a replica is told
+# apart from one through its primary.
+READ_REPLICAS = {"default": "replica", "postgres": "postgres_replica", "mariadb": "mariadb_replica"}
+for _primary, _replica in READ_REPLICAS.items():
+    if _primary in DATABASES:
+        DATABASES[_replica] = {**DATABASES[_primary], "TEST": {"MIRROR": _primary}}
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 if _reachable("redis", SERVICE_URLS["redis"], 6379):

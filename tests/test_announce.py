@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from django.db import connections, transaction
 
-from pikku_django.workflows.store.announce import Announcer
-from pikku_django.workflows.store.base import CHANNEL
+from pikku_django.wakeups import WORK_CHANNEL as CHANNEL
+from pikku_django.wakeups import Announcer
 from tests.conftest import database_alias, on_databases
 
 

@@ -18,9 +18,9 @@ from django.db.backends.signals import connection_created
 
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import RunStatus
+from pikku_django.wakeups import ChannelListener
 from pikku_django.workflows import WorkflowContext, WorkflowEngine, _idle, workflow
 from pikku_django.workflows._idle import PollCadence
-from pikku_django.workflows._listen import ChannelListener
 from pikku_django.workflows.worker import Worker
 from tests.conftest import database_alias, on_databases
 

@@ -14,6 +14,7 @@ from django.db import connections
 
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import RunStatus, WorkflowEvent, WorkflowRun
+from pikku_django.wakeups import idle_listeners
 from pikku_django.workflows import (
     EventOutcome,
     RunWaitTimeoutError,
@@ -23,7 +24,6 @@ from pikku_django.workflows import (
     workflow,
 )
 from pikku_django.workflows import api as workflows_api
-from pikku_django.workflows._run_waits import idle_listeners
 from tests.conftest import database_alias, db_mark
 
 VENDORS = ("sqlite", "postgres", "mariadb")

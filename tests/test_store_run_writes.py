@@ -355,15 +355,3 @@ def test_rate_slots_are_made_stamped_and_dropped(store: WorkflowStore) -> None:
     # Past a count of 3: slots 3 and 4 unused for a period go; 5 was used just now.
     assert store.drop_rate_slots("q", 3, per_seconds=3600) == 2
     assert sorted(slots.values_list("slot", flat=True)) == [0, 1, 2, 5]
-
-
-def test_an_intake_is_announced_where_work_is(store: WorkflowStore) -> None:
-    if store.vendor != "postgresql":
-        store.notify_intake("pikku.test")  # nothing to tell: no error
-        return
-    from tests.test_announce import _listener
-
-    with _listener(store.using) as listener:
-        store.notify_intake("pikku.test")
-        heard = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
-    assert heard == (["pikku.test"] if store.notifying else [])

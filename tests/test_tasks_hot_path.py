@@ -24,9 +24,9 @@ from pikku_django.models import (
     WorkflowStep,
 )
 from pikku_django.tasks.compat import TaskResultStatus
+from pikku_django.wakeups import announcing as announce
 from pikku_django.workflows.api import get_engine, reset_engine
 from pikku_django.workflows.engine import Wake
-from pikku_django.workflows.store import announce
 from tests import test_tasks_defs as defs
 from tests.conftest import database_alias, on_databases
 
@@ -261,7 +261,7 @@ def test_run_ends_are_announced_by_the_statement_that_ends_them(settings: Any) -
     each announced once on the run-end channel, and by no statement of their own."""
     import psycopg
 
-    from pikku_django.workflows.store import RUN_DONE_CHANNEL
+    from pikku_django.wakeups import RUN_DONE_CHANNEL
 
     alias = database_alias("postgres")
     settings.PIKKU = {"WORKFLOW_DATABASE": alias, "LEASE_BACKEND": "memory"}

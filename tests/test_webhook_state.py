@@ -22,11 +22,11 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from pikku_django.models import CredentialValue, TriggerSource, WebhookReceipt
+from pikku_django.wakeups import SOURCES_CHANNEL
 from pikku_django.webhooks import credential_name, set_credential
 from pikku_django.webhooks.credentials import encrypt
 from pikku_django.webhooks.lifecycle import disable, sync
 from pikku_django.webhooks.sql import (
-    SOURCES_CHANNEL,
     Gate,
     NewEvent,
     SourceChanged,
@@ -515,6 +515,19 @@ def test_nothing_is_kept_with_the_setting_off(pg: str, client: Client, settings:
     with CaptureQueriesContext(connections[pg]) as captured:
         post(client, push("three"), delivery="three")
     assert len(captured.captured_queries) == 2
+
+
+@on_databases("postgres")
+def test_nothing_is_kept_behind_a_transaction_pooler(
+    pg: str, client: Client, settings: Any
+) -> None:
+    """A pooled connection cannot LISTEN for changes: every request reads the state."""
+    settings.PIKKU = {"WORKFLOW_DATABASE": pg, "DATABASE_POOLING": {pg: "transaction"}}
+    reset_engine()
+    two_requests_read_twice(client, pg)
+    with CaptureQueriesContext(connections[pg]) as captured:
+        post(client, push("three"), delivery="three")
+    assert state_reads(captured) == 1
 
 
 @on_databases("postgres")

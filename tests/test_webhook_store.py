@@ -16,6 +16,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from pikku_django.models import RunStatus, TriggerSource, WebhookReceipt, WorkflowRun
+from pikku_django.wakeups import RECEIPTS_WAITING
+from pikku_django.wakeups import WORK_CHANNEL as CHANNEL
 from pikku_django.webhooks import (
     ReceiveContext,
     WebhookEvent,
@@ -30,10 +32,9 @@ from pikku_django.webhooks.dispatch import (
     waiting_receipts,
 )
 from pikku_django.webhooks.lifecycle import sync
-from pikku_django.webhooks.sql import RECEIPTS_WAITING, NewEvent, store_event
+from pikku_django.webhooks.sql import NewEvent, store_event
 from pikku_django.workflows import get_engine, start_waiting_runs
 from pikku_django.workflows.api import reset_engine
-from pikku_django.workflows.store import CHANNEL
 from tests import webhook_defs
 from tests.conftest import database_alias, on_databases
 

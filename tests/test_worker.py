@@ -24,9 +24,9 @@ from pikku_django.models import (
     WorkflowRun,
     WorkflowStep,
 )
+from pikku_django.wakeups import WORK_CHANNEL as CHANNEL
 from pikku_django.webhooks.sql import NewEvent, store_event
 from pikku_django.workflows import WorkflowEngine
-from pikku_django.workflows.store.base import CHANNEL
 from pikku_django.workflows.worker import Worker
 from tests.conftest import database_alias, on_databases
 from tests.testapp.models import Effect

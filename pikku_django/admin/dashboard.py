@@ -22,11 +22,11 @@ from django.utils.translation import gettext as _
 from pikku_django.admin._typing import AdminMixin
 from pikku_django.admin.charts import line_chart
 from pikku_django.admin.formatting import (
+    admin_database,
     format_duration,
     format_time,
     status_badge,
     status_label,
-    workflow_database,
     workflow_title,
 )
 from pikku_django.admin.stats import Figures, collect
@@ -179,7 +179,7 @@ class DashboardMixin(AdminMixin):
         except ValueError:
             refresh = DEFAULT_REFRESH
         refresh = min(max(refresh, 1), 3600)
-        context = panel_context(collect(workflow_database()))
+        context = panel_context(collect(admin_database(request)))
         request.current_app = self.admin_site.name
         if request.GET.get("panel"):
             return TemplateResponse(request, self.dashboard_panel_template, context)

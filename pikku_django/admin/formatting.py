@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Model
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -14,6 +15,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
 from pikku_django.models import RunStatus, StepStatus
+from pikku_django.read_database import read_database
 from pikku_django.workflows.api import get_engine
 
 EMPTY = "-"
@@ -29,6 +31,18 @@ WEBHOOK_KEY_PREFIX = "webhook:"
 def workflow_database() -> str:
     """The alias that holds runs, steps and attempts."""
     return get_engine().using
+
+
+#: The requests that only read: an admin page shown to a person.
+READING_METHODS = ("GET", "HEAD")
+
+
+def admin_database(request: HttpRequest) -> str:
+    """Where an admin request reads runs, steps and attempts: ``PIKKU["READ_DATABASE"]``
+    (if set) for a page that is only shown, the workflow database for a request that may
+    act (an action, a steering button, a form posted)."""
+    primary = workflow_database()
+    return read_database(primary) if request.method in READING_METHODS else primary
 
 
 def pretty_json(value: Any) -> str:

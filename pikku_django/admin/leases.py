@@ -11,8 +11,10 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from pikku_django.conf import pikku_settings
 from pikku_django.leases.base import now_ms
 from pikku_django.models import Lease
+from pikku_django.read_database import read_database
 
 
 class LiveFilter(admin.SimpleListFilter):
@@ -55,6 +57,14 @@ class LeaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return datetime.datetime.fromtimestamp(obj.expires_at / 1000, tz=datetime.UTC).astimezone(
             timezone.get_current_timezone()
         )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Lease]:
+        """From the read database when it mirrors the leases' (``LEASE_DATABASE`` is
+        ``WORKFLOW_DATABASE``): this screen only shows them."""
+        found: QuerySet[Lease] = super().get_queryset(request)
+        home = pikku_settings.LEASE_DATABASE
+        reading = read_database(home)
+        return found if reading == home else found.using(reading)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

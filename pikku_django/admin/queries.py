@@ -11,26 +11,20 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Any
 
-from django.db import connections
 from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, UUIDField
 from django.utils import timezone
 
-from pikku_django.models import (
-    RunStatus,
-    StepAttempt,
-    StepKind,
-    StepStatus,
-    WorkflowRun,
-    WorkflowStep,
-)
+from pikku_django.models import RunStatus, StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.models.workflows import WorkflowRunQuerySet
+from pikku_django.workflows.store import store_for
 
 
 def with_list_columns(runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
     """``runs`` with ``current_step``, ``current_step_status``, ``attempt_count`` and
     ``parent_run_id``, each read in the same statement."""
-    last_step = WorkflowStep.objects.filter(run_id=OuterRef("pk")).order_by("-id")
+    last_step = WorkflowStep.objects.of_run(OuterRef("pk")).order_by("-id")
     attempts = (
-        StepAttempt.objects.filter(step__run_id=OuterRef("pk"))
+        StepAttempt.objects.of_run(OuterRef("pk"))
         .order_by()
         .values("step__run_id")
         .annotate(n=Count("id"))
@@ -51,28 +45,16 @@ def run_duration(run: WorkflowRun, now: datetime | None = None) -> timedelta:
     return max(timedelta(0), end - run.created_at)
 
 
-def ready_steps(steps: QuerySet[WorkflowStep], now: datetime) -> QuerySet[WorkflowStep]:
-    """Queued steps that are due and wait for a worker to claim them."""
-    return steps.filter(
-        kind=StepKind.QUEUED,
-        status__in=(StepStatus.PENDING, StepStatus.SCHEDULED),
-        available_at__lte=now,
-    )
-
-
-def runs_in_queue(queue: str, using: str) -> QuerySet[WorkflowStep, Any]:
-    """The ids of runs with a step on ``queue`` (for ``pk__in``)."""
-    return WorkflowStep.objects.using(using).filter(queue=queue).values("run_id")
-
-
-def search_filter(term: str, vendor: str) -> Q:
-    """Runs whose id, idempotency key or (on PostgreSQL) input text contains ``term``."""
+def search_filter(term: str, using: str) -> Q:
+    """Runs on ``using`` whose id, idempotency key or (where the store searches it)
+    input text contains ``term``."""
     query = Q(idempotency_key__icontains=term) | Q(workflow__icontains=term)
     try:
         query |= Q(id=uuid.UUID(term))
     except ValueError:
-        query |= Q(id__icontains=term.replace("-", "") if vendor != "postgresql" else term)
-    if vendor == "postgresql":
+        # Without a uuid type the id is stored as hex digits: Django drops the dashes.
+        query |= Q(id__icontains=term)
+    if store_for(using).searches_input_text:
         query |= Q(input__icontains=term)
     return query
 
@@ -94,20 +76,20 @@ class RunFilters:
                 f"unknown status {self.status!r}; use one of {', '.join(RunStatus.values)}"
             )
 
-    def apply(self, runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
+    def apply(self, runs: WorkflowRunQuerySet) -> WorkflowRunQuerySet:
         using = runs.db
         if self.workflow:
             runs = runs.filter(workflow=self.workflow)
         if self.status:
             runs = runs.filter(status=self.status)
         if self.queue:
-            runs = runs.filter(pk__in=runs_in_queue(self.queue, using))
+            runs = runs.with_step_on(self.queue)
         if self.since:
             runs = runs.filter(created_at__gte=start_of(self.since))
         if self.until:
             runs = runs.filter(created_at__lt=start_of(self.until + timedelta(days=1)))
         if self.search:
-            runs = runs.filter(search_filter(self.search, connections[using].vendor))
+            runs = runs.filter(search_filter(self.search, using))
         return runs
 
 

@@ -22,10 +22,11 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from pikku_django.admin.dashboard import changelist
-from pikku_django.admin.formatting import EMPTY, format_duration, workflow_database
+from pikku_django.admin.formatting import EMPTY, admin_database, format_duration
 from pikku_django.admin.queue_pauses import QueuePausesMixin
 from pikku_django.dbclock import store_now_ms
-from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models import StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models.workflows import WAITING_STEP_STATUSES
 from pikku_django.workflows._rates import recent_claims
 from pikku_django.workflows.config import engine_config
 from pikku_django.workflows.pauses import PausedQueue, paused_queues
@@ -76,11 +77,8 @@ def queue_rows(using: str) -> list[QueueRow]:
     now_ms = store_now_ms(using)
     config = engine_config()
     store = store_for(using)
-    open_steps = WorkflowStep.objects.using(using).filter(
-        kind=StepKind.QUEUED,
-        status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.RUNNING),
-    )
-    ready = Q(status__in=(StepStatus.SCHEDULED, StepStatus.PENDING), available_at__lte=now)
+    open_steps = WorkflowStep.objects.using(using).open_queued()
+    ready = Q(status__in=WAITING_STEP_STATUSES, available_at__lte=now)
     counted = {
         row["queue"]: row
         for row in open_steps.order_by()
@@ -125,9 +123,7 @@ def queue_rows(using: str) -> list[QueueRow]:
 
 def key_rows(using: str) -> list[KeyRow]:
     """Concurrency keys with runs waiting or in progress, those waiting longest first."""
-    live = WorkflowRun.objects.using(using).filter(
-        concurrency_key__isnull=False, status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED)
-    )
+    live = WorkflowRun.objects.using(using).active().filter(concurrency_key__isnull=False)
     rows = (
         live.order_by()
         .values("concurrency_key")
@@ -167,7 +163,7 @@ class QueuesPageMixin(QueuePausesMixin):
     def queues_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        using = workflow_database()
+        using = admin_database(request)
         request.current_app = self.admin_site.name
         context: dict[str, Any] = {
             **self.admin_site.each_context(request),

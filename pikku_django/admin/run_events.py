@@ -14,8 +14,9 @@ from pikku_django.models import StepKind, WorkflowEvent, WorkflowRun, WorkflowSt
 
 
 def events_table(run: WorkflowRun) -> SafeString | str:
-    """A table of the events sent to ``run`` and the waits of the run, oldest first."""
-    using = workflow_database()
+    """A table of the events sent to ``run`` and the waits of the run, oldest first
+    (read from the database the run was read from)."""
+    using = run._state.db or workflow_database()
     events = list(
         WorkflowEvent.objects.using(using)
         .filter(run_id=run.id)
@@ -23,7 +24,7 @@ def events_table(run: WorkflowRun) -> SafeString | str:
         .order_by("id")
     )
     waits = list(
-        WorkflowStep.objects.using(using).filter(run_id=run.id, kind=StepKind.EVENT).order_by("id")
+        WorkflowStep.objects.using(using).of_run(run.id).filter(kind=StepKind.EVENT).order_by("id")
     )
     if not events and not waits:
         return EMPTY

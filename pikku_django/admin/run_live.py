@@ -22,7 +22,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.views.decorators.http import require_GET
 
-from pikku_django.admin.formatting import workflow_database
+from pikku_django.admin.formatting import admin_database
 from pikku_django.admin.run_page import family, load_steps, timeline_chart
 from pikku_django.admin.steering import RunSteeringMixin
 from pikku_django.models import WorkflowRun, WorkflowStep
@@ -57,7 +57,7 @@ class RunLivePartsMixin(RunSteeringMixin):
     ) -> dict[str, Any]:
         """What the run page's state-dependent parts are drawn from, for this user
         (``steps``: the run's, as :func:`load_steps` read them, if the page did already)."""
-        using = workflow_database()
+        using = admin_database(request)
         tree = family(run, using)
         if steps is None:
             steps = load_steps(run, using)

@@ -105,7 +105,7 @@ def load_steps(run: WorkflowRun, using: str) -> list[WorkflowStep]:
     one query for each of the three tables, however many steps the run has."""
     return list(
         WorkflowStep.objects.using(using)
-        .filter(run_id=run.pk)
+        .of_run(run.pk)
         .select_related("child_run")
         .prefetch_related("attempts")
         .order_by("id")
@@ -269,11 +269,77 @@ def family(run: WorkflowRun, using: str) -> Family:
     return Family(html, live=_others_live(tree, run))
 
 
+# -- forks: the run a run was re-run from, and the runs re-run from it ------------------
+
+#: How many of a run's forks its page lists.
+FORKS_SHOWN = 50
+
+
+@dataclass(frozen=True)
+class ForkLinks:
+    """The run's fork lineage as its page shows it."""
+
+    #: "Forked from <original> at step <name>", or None for a run started afresh.
+    forked_from: SafeString | None
+    #: Links to the runs forked from this one, newest first, each with its step.
+    forks: list[SafeString]
+    #: The ids of the steps a fork kept from its original (copies, not run here).
+    kept: frozenset[int] = frozenset()
+
+
+def _run_label(run: WorkflowRun) -> SafeString:
+    title = workflow_title(run.workflow, run.idempotency_key)
+    return format_html("{} <code>{}</code>", title, str(run.pk)[:8])
+
+
+def fork_links(run: WorkflowRun, using: str) -> ForkLinks:
+    """The run's original (if it is a fork) and its own forks, linked."""
+    forked_from = None
+    if run.forked_from_id is not None:
+        original = WorkflowRun.objects.using(using).filter(pk=run.forked_from_id).first()
+        forked_from = format_html(
+            "{} {} {} <strong>{}</strong>",
+            _("Forked from"),
+            admin_link(original, _run_label(original)) if original else run.forked_from_id,
+            _("at step"),
+            run.forked_at_step,
+        )
+    forks = [
+        format_html(
+            "{} {} {} <strong>{}</strong>",
+            admin_link(fork, _run_label(fork)),
+            status_badge(fork.status, fork.get_status_display()),
+            _("from step"),
+            fork.forked_at_step,
+        )
+        for fork in WorkflowRun.objects.using(using)
+        .filter(forked_from_id=run.pk)
+        .order_by("-created_at")[:FORKS_SHOWN]
+    ]
+    return ForkLinks(forked_from, forks, kept_steps(run, using))
+
+
+def kept_steps(run: WorkflowRun, using: str) -> frozenset[int]:
+    """The ids of a fork's steps kept from its original: those recorded before the
+    step it was forked at (all of them until that step is recorded again)."""
+    if not run.forked_at_step:
+        return frozenset()
+    kept = []
+    steps = WorkflowStep.objects.using(using).filter(run_id=run.pk).order_by("id")
+    for step_id, name in steps.values_list("id", "name"):
+        if name == run.forked_at_step:
+            break
+        kept.append(step_id)
+    return frozenset(kept)
+
+
 __all__ = [
     "Family",
+    "ForkLinks",
     "TimelineEntry",
     "build_timeline",
     "family",
+    "fork_links",
     "load_steps",
     "run_tree",
     "timeline_chart",

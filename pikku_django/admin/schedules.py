@@ -22,9 +22,10 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from pikku_django.admin.formatting import EMPTY
+from pikku_django.admin.formatting import EMPTY, READING_METHODS
 from pikku_django.admin.workflows import json_block
 from pikku_django.models import Schedule
+from pikku_django.read_database import read_database
 from pikku_django.schedules import (
     ScheduleError,
     disable_schedule,
@@ -81,7 +82,11 @@ class ScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
-        return super().get_queryset(request).using(database())
+        """From the read database on a page only shown; actions read the schedules'."""
+        using = database()
+        if request.method in READING_METHODS:
+            using = read_database(using)
+        return super().get_queryset(request).using(using)
 
     # -- who may do what --------------------------------------------------------------
 

@@ -11,12 +11,10 @@ from django.db.models import Count, Min, QuerySet
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from pikku_django.admin.queries import ready_steps
 from pikku_django.heartbeats import recent_workers
 from pikku_django.models import (
     RunStatus,
     StepAttempt,
-    StepStatus,
     WorkerHeartbeat,
     WorkflowRun,
     WorkflowStep,
@@ -137,19 +135,15 @@ def collect(using: str, *, now: datetime | None = None) -> Figures:
         "completed": Series(
             "completed", minutes(runs.filter(status=RunStatus.COMPLETED), "updated_at")
         ),
-        "failed": Series("failed", minutes(runs.filter(status=RunStatus.FAILED), "updated_at")),
-        "step_failures": Series(
-            "step_failures", minutes(attempts.filter(status=StepStatus.FAILED), "finished_at")
-        ),
+        "failed": Series("failed", minutes(runs.failed(), "updated_at")),
+        "step_failures": Series("step_failures", minutes(attempts.failed(), "finished_at")),
     }
 
     loads: dict[str, dict[str, object]] = defaultdict(dict)
-    running = steps.filter(status=StepStatus.RUNNING).values("queue").annotate(n=Count("id"))
+    running = steps.running().values("queue").annotate(n=Count("id"))
     for queue_running in running:
         loads[queue_running["queue"]]["running"] = queue_running["n"]
-    ready = (
-        ready_steps(steps, now).values("queue").annotate(n=Count("id"), oldest=Min("available_at"))
-    )
+    ready = steps.ready(now).values("queue").annotate(n=Count("id"), oldest=Min("available_at"))
     for queue_ready in ready:
         loads[queue_ready["queue"]]["waiting"] = queue_ready["n"]
         loads[queue_ready["queue"]]["oldest_ready"] = queue_ready["oldest"]
@@ -159,7 +153,7 @@ def collect(using: str, *, now: datetime | None = None) -> Figures:
     queues = [QueueLoad(name, **values) for name, values in sorted(loads.items())]  # type: ignore[arg-type]
 
     stuck = list(
-        runs.filter(status__in=(RunStatus.FAILED, RunStatus.SUSPENDED))
+        runs.stuck()
         .only("id", "workflow", "status", "idempotency_key", "suspend_reason", "updated_at")
         .order_by("updated_at")[:STUCK_LIMIT]
     )

@@ -12,6 +12,7 @@ from django.utils.translation import gettext_lazy
 
 from pikku_django.admin.formatting import (
     EMPTY,
+    admin_database,
     admin_link,
     error_block,
     error_part,
@@ -19,7 +20,6 @@ from pikku_django.admin.formatting import (
     format_time,
     json_block,
     status_badge,
-    workflow_database,
     workflow_title,
 )
 from pikku_django.admin.run_page import format_lease_left, lease_left_ms
@@ -30,11 +30,30 @@ ADMIN_CSS = {"all": ("pikku_django/admin.css",)}
 
 
 class WorkflowDatabaseMixin:
-    """Reads from ``PIKKU['WORKFLOW_DATABASE']`` rather than the default database."""
+    """Reads from ``PIKKU['WORKFLOW_DATABASE']`` rather than the default database, and a
+    page only shown from ``PIKKU['READ_DATABASE']`` when one is set (:func:`admin_database`):
+    what an action or a posted form changes is read from the workflow database."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         found: QuerySet[Any] = super().get_queryset(request)  # type: ignore[misc]
-        return found.using(workflow_database())
+        return found.using(admin_database(request))
+
+
+class RelatedValuesFilter(admin.AllValuesFieldListFilter):
+    """Every value of a related model's field, read where the admin reads (Django's own
+    filter reads a related model through the default database)."""
+
+    def __init__(
+        self,
+        field: Any,
+        request: HttpRequest,
+        params: dict[str, Any],
+        model: Any,
+        model_admin: Any,
+        field_path: str,
+    ) -> None:
+        super().__init__(field, request, params, model, model_admin, field_path)
+        self.lookup_choices = self.lookup_choices.using(admin_database(request))
 
 
 class ReadOnlyAdminMixin:
@@ -222,7 +241,7 @@ class StepAttemptAdmin(
         "error_message",
     )
     list_display_links = ("attempt",)
-    list_filter = ("status", ("step__run__workflow", admin.AllValuesFieldListFilter))
+    list_filter = ("status", ("step__run__workflow", RelatedValuesFilter))
     search_fields = ("worker", "step__name", "step__run__id")
     list_select_related = ("step", "step__run")
     fields = (

@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
@@ -34,7 +34,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from pikku_django.admin.formatting import EMPTY, admin_link, json_block, workflow_database
+from pikku_django.admin.formatting import EMPTY, admin_database, admin_link, json_block
 from pikku_django.admin.source_switch import (
     SourceSwitchMixin,
     suggested_base_url,
@@ -42,6 +42,7 @@ from pikku_django.admin.source_switch import (
 )
 from pikku_django.models import CredentialValue, TriggerSource, WebhookReceipt, WorkflowRun
 from pikku_django.models.fields import UnreadableJSON
+from pikku_django.models.webhooks import WebhookReceiptQuerySet
 from pikku_django.webhooks import lifecycle
 from pikku_django.webhooks.credentials import set_credential
 from pikku_django.webhooks.lifecycle import Outcome, SourceError
@@ -356,12 +357,13 @@ class ReceiptStateFilter(admin.SimpleListFilter):
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        receipts = cast(WebhookReceiptQuerySet, queryset)
         if self.value() == "waiting":
-            return queryset.filter(run__isnull=True, input__isnull=False, set_aside="")
+            return receipts.waiting()
         if self.value() == "started":
             return queryset.filter(run__isnull=False)
         if self.value() == "set_aside":
-            return queryset.exclude(set_aside="")
+            return receipts.set_aside()
         return queryset
 
 
@@ -380,7 +382,7 @@ class WebhookReceiptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     actions = ("delete_set_aside",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookReceipt]:
-        return super().get_queryset(request).using(workflow_database())  # where receipts go
+        return super().get_queryset(request).using(admin_database(request))  # with the runs
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -412,8 +414,8 @@ class WebhookReceiptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         permissions=["delete_set_aside"],
         description=gettext_lazy("Delete the selected receipts that were set aside"),
     )
-    def delete_set_aside(self, request: HttpRequest, queryset: QuerySet[WebhookReceipt]) -> None:
-        count, _deleted = queryset.exclude(set_aside="").delete()
+    def delete_set_aside(self, request: HttpRequest, queryset: WebhookReceiptQuerySet) -> None:
+        count, _deleted = queryset.set_aside().delete()
         self.message_user(
             request,
             ngettext(

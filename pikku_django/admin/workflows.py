@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.utils import NestedObjects
 from django.contrib.auth import get_permission_codename
-from django.db import connections
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import NoReverseMatch, reverse
@@ -42,6 +41,7 @@ from django.utils.translation import gettext_lazy, ngettext
 from pikku_django.admin._bulk_actions import operate
 from pikku_django.admin.dashboard import DashboardMixin
 from pikku_django.admin.formatting import (
+    admin_database,
     error_block,
     format_duration,
     format_time,
@@ -54,6 +54,7 @@ from pikku_django.admin.formatting import (
 from pikku_django.admin.queries import queues, run_duration, search_filter, with_list_columns
 from pikku_django.admin.queues_page import QueuesPageMixin
 from pikku_django.admin.run_events import events_table, published_block
+from pikku_django.admin.run_forks import RunForkMixin
 from pikku_django.admin.run_list import RunListMixin
 from pikku_django.admin.run_live import RunLivePartsMixin
 from pikku_django.admin.run_page import build_timeline, load_steps
@@ -64,7 +65,8 @@ from pikku_django.admin.steps import (
     WorkflowDatabaseMixin,
     WorkflowStepAdmin,
 )
-from pikku_django.models import TERMINAL_RUN_STATUSES, StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.models import StepAttempt, WorkflowRun
+from pikku_django.models.workflows import WorkflowRunQuerySet
 from pikku_django.workflows.store import store_for
 
 logger = logging.getLogger(__name__)
@@ -91,13 +93,13 @@ class QueueFilter(admin.SimpleListFilter):
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in queues(workflow_database())]
+        return [(name, name) for name in queues(admin_database(request))]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> Any:
-        if not self.value():
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        queue = self.value()
+        if not queue:
             return queryset
-        steps = WorkflowStep.objects.using(queryset.db).filter(queue=self.value())
-        return queryset.filter(pk__in=steps.values("run_id"))
+        return cast(WorkflowRunQuerySet, queryset).with_step_on(queue)
 
 
 # -- runs -----------------------------------------------------------------------------
@@ -108,6 +110,7 @@ class WorkflowRunAdmin(
     QueuesPageMixin,
     DashboardMixin,
     RunLivePartsMixin,
+    RunForkMixin,
     RunListMixin,
     WorkflowDatabaseMixin,
     admin.ModelAdmin,  # type: ignore[type-arg]
@@ -251,7 +254,7 @@ class WorkflowRunAdmin(
         term = search_term.strip()
         if not term:
             return queryset, False
-        return queryset.filter(search_filter(term, connections[queryset.db].vendor)), False
+        return queryset.filter(search_filter(term, queryset.db)), False
 
     @admin.display(description=gettext_lazy("workflow"), ordering="workflow")
     def workflow_name(self, obj: WorkflowRun) -> str:
@@ -316,10 +319,10 @@ class WorkflowRunAdmin(
         description=gettext_lazy("Delete selected finished workflow runs"),
     )
     def delete_selected(
-        self, request: HttpRequest, queryset: QuerySet[WorkflowRun]
+        self, request: HttpRequest, queryset: WorkflowRunQuerySet
     ) -> HttpResponseBase | None:
         """Django's delete, refused while a selected run is still running or suspended."""
-        live = queryset.exclude(status__in=TERMINAL_RUN_STATUSES).count()
+        live = queryset.active().count()
         if live:
             self.message_user(
                 request,
@@ -360,11 +363,12 @@ class WorkflowRunAdmin(
         obj: WorkflowRun | None = None,
     ) -> Any:
         if obj is not None:
-            using = workflow_database()
+            using = admin_database(request)
             steps = load_steps(obj, using)
             context["pikku_timeline"] = build_timeline(obj, using, steps)
             context["pikku_stream_url"] = run_stream_url(obj)
             context.update(self.live_parts_context(request, obj, steps))
+            context.update(self.fork_context(request, obj))
             context["pikku_title"] = title = workflow_title(obj.workflow, obj.idempotency_key)
             context["subtitle"] = f"{title} {obj.pk}"  # the window's title: no status to go stale
             context["pikku_badge"] = status_badge(

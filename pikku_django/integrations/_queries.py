@@ -18,12 +18,13 @@ WORKERS_WITHIN = timedelta(minutes=10)
 
 def queue_depths(using: str) -> list[tuple[str, int, float]]:
     """(queue, steps due and waiting, seconds the oldest has waited) per queue."""
-    from pikku_django.admin.queries import ready_steps
     from pikku_django.models import WorkflowStep
 
     now = timezone.now()
     rows = (
-        ready_steps(WorkflowStep.objects.using(using).order_by(), now)
+        WorkflowStep.objects.using(using)
+        .order_by()
+        .ready(now)
         .values("queue")
         .annotate(n=Count("id"), oldest=Min("available_at"))
         .order_by("queue")[:MAX_QUEUES]

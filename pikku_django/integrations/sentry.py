@@ -66,7 +66,7 @@ def attempt_breadcrumbs(using: str, run_id: Any, step: str) -> list[dict[str, An
 
     rows = list(
         StepAttempt.objects.using(using)
-        .filter(step__run_id=run_id, step__name=step)
+        .of_step_named(run_id, step)
         .order_by("-attempt")
         .values("attempt", "status", "worker", "started_at", "finished_at", "error")[
             :MAX_BREADCRUMBS

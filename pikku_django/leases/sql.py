@@ -17,6 +17,14 @@ from pikku_django.leases.base import now_ms
 
 Row = tuple[int, int]  # (token, expires_at)
 
+#: PostgreSQL's timeline (the epoch a promotion raises), from the name of the WAL file
+#: being written: its first 8 hex digits.
+POSTGRESQL_TIMELINE = (
+    "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint"
+)
+#: The first token of the current timeline: (timeline - 1) * 2**32 + 1.
+POSTGRESQL_FIRST_TOKEN = f"((({POSTGRESQL_TIMELINE}) - 1) << 32) + 1"
+
 
 def _row(row: Any) -> Row | None:
     """A (token, expires_at) row as ints (a driver's cursor rows are untyped)."""
@@ -56,21 +64,28 @@ class PostgreSQLLeaseSQL(LeaseSQL):
 
     vendor = "postgresql"
     NOW = POSTGRESQL_NOW_MS
+    #: The lowest token this server hands out: 1 on timeline 1, and 2**32 higher on each
+    #: later timeline. Promoting a standby starts a new timeline, so every token handed
+    #: out after a failover is higher than any handed out before it, commits the
+    #: standby never received included (they stay on the old timeline). The timeline is
+    #: that of the WAL being written (any role may read it, and it costs no round trip).
+    FIRST_TOKEN = POSTGRESQL_FIRST_TOKEN
 
-    #: Take or extend a lease, for an INSERT of (key, holder, 1, expires_at) rows into
-    #: ``pikku_lease AS l``; parameters: ttl ms, ttl ms. Statements that take leases
+    #: Take or extend a lease, for an INSERT of (key, holder, FIRST_TOKEN, expires_at)
+    #: rows into ``pikku_lease AS l``; parameters: ttl ms, ttl ms. A taken lease gets
+    #: the next token, and never less than FIRST_TOKEN. Statements that take leases
     #: with other work (the workflow store's due-run claim) end their INSERT with it.
-    TAKE_ON_CONFLICT = """
+    TAKE_ON_CONFLICT = f"""
         ON CONFLICT (key) DO UPDATE SET
             token = CASE WHEN l.expires_at > EXCLUDED.expires_at - %s
-                         THEN l.token ELSE l.token + 1 END,
+                         THEN l.token ELSE greatest(l.token + 1, {FIRST_TOKEN}) END,
             holder = EXCLUDED.holder,
             expires_at = EXCLUDED.expires_at
         WHERE l.expires_at <= EXCLUDED.expires_at - %s OR l.holder = EXCLUDED.holder
     """
     ACQUIRE = f"""
         INSERT INTO pikku_lease AS l (key, holder, token, expires_at)
-        VALUES (%s, %s, 1, {NOW} + %s)
+        VALUES (%s, %s, {FIRST_TOKEN}, {NOW} + %s)
         {TAKE_ON_CONFLICT}
         RETURNING token, expires_at
     """

@@ -63,6 +63,22 @@ class CredentialValue(models.Model):
         return f"{self.credential} …{self.hint}"
 
 
+class WebhookReceiptQuerySet(models.QuerySet["WebhookReceipt"]):
+    """Receipts by what became of their event (read-only; the intake writes them)."""
+
+    def waiting(self) -> WebhookReceiptQuerySet:
+        """Receipts whose run a worker has yet to start (not those set aside)."""
+        return self.filter(run_id__isnull=True, input__isnull=False, set_aside="")
+
+    def dealt_with(self) -> WebhookReceiptQuerySet:
+        """Receipts no longer waiting: their run started, or set aside."""
+        return self.exclude(run_id__isnull=True, input__isnull=False, set_aside="")
+
+    def set_aside(self) -> WebhookReceiptQuerySet:
+        """Receipts a worker set aside instead of starting their run."""
+        return self.exclude(set_aside="")
+
+
 class WebhookReceipt(models.Model):
     """An accepted webhook event, once per (source, event, provider id).
 
@@ -101,6 +117,8 @@ class WebhookReceipt(models.Model):
         db_default="",  # the receipt's INSERT (webhooks/sql.py) leaves it out
         help_text=_("why a worker set the event aside instead of starting its run"),
     )
+
+    objects = WebhookReceiptQuerySet.as_manager()
 
     class Meta:
         db_table = "pikku_webhook_receipt"

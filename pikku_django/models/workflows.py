@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
+from typing import Any
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -29,6 +31,9 @@ class StepStatus(models.TextChoices):
     FAILED = "failed", _("failed")
     SUSPENDED = "suspended", _("suspended")
 
+
+#: The statuses of a step waiting for a worker to claim it (once it is due).
+WAITING_STEP_STATUSES = (StepStatus.SCHEDULED, StepStatus.PENDING)
 
 #: The statuses a queued step may be claimed in (the pikku_step_claim_order index's
 #: condition, which the claim repeats so that its plan can read that index).
@@ -62,6 +67,80 @@ class StepKind(models.TextChoices):
 class Backoff(models.TextChoices):
     FIXED = "fixed", _("fixed")
     EXPONENTIAL = "exponential", _("exponential")
+
+
+# -- the questions asked of runs, steps and attempts: read-only, each chains with the
+# -- others and with using(); writes are the workflow store's.
+
+
+class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
+    """Runs by where they are in their life."""
+
+    def active(self) -> WorkflowRunQuerySet:
+        """Runs started and not ended: running or suspended."""
+        return self.filter(status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED))
+
+    def settled(self) -> WorkflowRunQuerySet:
+        """Runs that ended: completed, failed or cancelled."""
+        return self.filter(status__in=TERMINAL_RUN_STATUSES)
+
+    def failed(self) -> WorkflowRunQuerySet:
+        return self.filter(status=RunStatus.FAILED)
+
+    def stuck(self) -> WorkflowRunQuerySet:
+        """Runs waiting for a person: failed (to retry) or suspended (to resume)."""
+        return self.filter(status__in=(RunStatus.FAILED, RunStatus.SUSPENDED))
+
+    def due(self, now: datetime) -> WorkflowRunQuerySet:
+        """Worker runs (not inline) whose next orchestration pass is due at ``now``."""
+        return self.filter(status=RunStatus.RUNNING, inline=False, wake_at__lte=now)
+
+    def with_step_on(self, queue: str) -> WorkflowRunQuerySet:
+        """Runs with a step on ``queue``."""
+        on_queue = WorkflowStep.objects.using(self.db).filter(queue=queue)
+        return self.filter(pk__in=on_queue.values("run_id"))
+
+
+class WorkflowStepQuerySet(models.QuerySet["WorkflowStep"]):
+    """Steps by what a worker or a person waits for."""
+
+    def of_run(self, run_id: Any) -> WorkflowStepQuerySet:
+        return self.filter(run_id=run_id)
+
+    def running(self) -> WorkflowStepQuerySet:
+        """Steps claimed by a worker (whether its lease is live or lapsed)."""
+        return self.filter(status=StepStatus.RUNNING)
+
+    def ready(self, now: datetime) -> WorkflowStepQuerySet:
+        """Queued steps that are due at ``now`` and wait for a worker to claim them."""
+        return self.filter(
+            kind=StepKind.QUEUED, status__in=WAITING_STEP_STATUSES, available_at__lte=now
+        )
+
+    def open_queued(self) -> WorkflowStepQuerySet:
+        """Queued steps waiting (due or not) or claimed: a queue's work not done yet."""
+        return self.filter(
+            kind=StepKind.QUEUED, status__in=(*WAITING_STEP_STATUSES, StepStatus.RUNNING)
+        )
+
+
+class StepAttemptQuerySet(models.QuerySet["StepAttempt"]):
+    """Attempts by the step they are of."""
+
+    def of_attempt(self, step_id: Any, attempt: int) -> StepAttemptQuerySet:
+        """Attempt number ``attempt`` of step ``step_id`` (one row at most)."""
+        return self.filter(step_id=step_id, attempt=attempt)
+
+    def of_run(self, run_id: Any) -> StepAttemptQuerySet:
+        """Every attempt of every step of run ``run_id``."""
+        return self.filter(step__run_id=run_id)
+
+    def of_step_named(self, run_id: Any, name: str) -> StepAttemptQuerySet:
+        """The attempts of run ``run_id``'s step ``name``."""
+        return self.filter(step__run_id=run_id, step__name=name)
+
+    def failed(self) -> StepAttemptQuerySet:
+        return self.filter(status=AttemptStatus.FAILED)
 
 
 class WorkflowRun(models.Model):
@@ -176,8 +255,29 @@ class WorkflowRun(models.Model):
             "that claims the run may store it claimed and skip that pass (cleared then)"
         ),
     )
+    forked_from = models.ForeignKey(
+        "self",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="forks",
+        verbose_name=_("forked from"),
+        help_text=_("the run this one re-runs from a step (see fork_run)"),
+    )
+    forked_at_step = models.CharField(
+        _("forked at step"),
+        max_length=255,
+        blank=True,
+        default="",
+        db_default="",
+        editable=False,
+        help_text=_("the step of the original run this one was re-run from"),
+    )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    objects = WorkflowRunQuerySet.as_manager()
 
     class Meta:
         db_table = "pikku_workflow_run"
@@ -305,6 +405,8 @@ class WorkflowStep(models.Model):
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
 
+    objects = WorkflowStepQuerySet.as_manager()
+
     class Meta:
         db_table = "pikku_workflow_step"
         verbose_name = _("workflow step")
@@ -389,6 +491,8 @@ class StepAttempt(models.Model):
     worker = models.CharField(_("worker"), max_length=255, blank=True, default="")
     started_at = models.DateTimeField(_("started"), auto_now_add=True)
     finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+
+    objects = StepAttemptQuerySet.as_manager()
 
     class Meta:
         db_table = "pikku_step_attempt"

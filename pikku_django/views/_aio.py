@@ -45,8 +45,8 @@ read_snapshot = sync_to_async(_read, thread_sensitive=False)
 
 
 class ChangeWaiter:
-    """Waits, on the event loop, for the next change notified on ``using`` (PostgreSQL's
-    NOTIFY) or a timeout; no thread waits for it."""
+    """Waits, on the event loop, for the next change announced on ``using`` (where it
+    can be listened to, :mod:`pikku_django.wakeups`) or a timeout; no thread waits for it."""
 
     def __init__(self, using: str) -> None:
         self._event = asyncio.Event()

@@ -31,6 +31,7 @@ from django.utils.module_loading import import_string
 from django.views.decorators.http import require_GET
 
 from pikku_django.conf import pikku_settings
+from pikku_django.read_database import read_database
 from pikku_django.views._aio import ChangeWaiter, read_snapshot, release_request_thread
 from pikku_django.workflows.status import RunSnapshot, notifications, snapshot
 
@@ -49,8 +50,7 @@ def _permission_check() -> Callable[[HttpRequest, RunSnapshot], bool]:
     return found
 
 
-def _visible_run(request: HttpRequest, run_id: uuid.UUID) -> RunSnapshot:
-    using = pikku_settings.WORKFLOW_DATABASE
+def _visible_run(request: HttpRequest, run_id: uuid.UUID, using: str) -> RunSnapshot:
     snap = snapshot(run_id, using)
     if snap is None:
         raise Http404("No such workflow run")
@@ -61,8 +61,9 @@ def _visible_run(request: HttpRequest, run_id: uuid.UUID) -> RunSnapshot:
 
 @require_GET
 def run_status(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
-    """The run's status and its steps' as JSON."""
-    return JsonResponse(_visible_run(request, run_id).as_dict())
+    """The run's status and its steps' as JSON, read from ``PIKKU["READ_DATABASE"]``
+    when one is set (it shows a replica's lag)."""
+    return JsonResponse(_visible_run(request, run_id, read_database()).as_dict())
 
 
 def frame(event: str, data: Any, frame_id: int) -> bytes:
@@ -158,9 +159,10 @@ async def _async_frames(run_id: str, using: str) -> AsyncIterator[bytes]:
 
 @require_GET
 def run_stream(request: HttpRequest, run_id: uuid.UUID) -> StreamingHttpResponse:
-    """Follow a run live as server-sent events (WSGI and ASGI)."""
-    snap = _visible_run(request, run_id)
+    """Follow a run live as server-sent events (WSGI and ASGI), read from the workflow
+    database, whose notifications say when to look again."""
     using = pikku_settings.WORKFLOW_DATABASE
+    snap = _visible_run(request, run_id, using)
     content: Any = (
         _async_frames(snap.run_id, using)
         if isinstance(request, ASGIRequest)

@@ -13,16 +13,22 @@ from django.db import DatabaseError, DataError, transaction
 from pikku_django.conf import pikku_settings
 from pikku_django.models import WebhookReceipt
 from pikku_django.models.fields import UnreadableJSON
+from pikku_django.wakeups import RECEIPTS_WAITING, announcer, notifies
 from pikku_django.webhooks.bodies import not_json_reason
 from pikku_django.webhooks.digests import accepted_once
 from pikku_django.webhooks.identifiers import check_identifier
 from pikku_django.webhooks.sources import WebhookEvent, WebhookSource, event_json, handler_for
-from pikku_django.webhooks.sql import RECEIPTS_WAITING, Gate, NewEvent, idempotency_key, store_event
+from pikku_django.webhooks.sql import (
+    Gate,
+    NewEvent,
+    claims_digest_with_receipt,
+    idempotency_key,
+    store_event,
+)
 from pikku_django.workflows._dberrors import is_transient
 from pikku_django.workflows.intake import RunStarter, register_intake
 from pikku_django.workflows.registry import get_step, step, workflow
 from pikku_django.workflows.store import NewRun
-from pikku_django.workflows.store.announce import announcer
 
 logger = logging.getLogger(__name__)
 
@@ -132,11 +138,11 @@ def store_new_event(
     from pikku_django.workflows.api import get_engine
 
     engine = get_engine()
-    # Workers are notified on PostgreSQL; elsewhere they poll.
-    notify = bool(pikku_settings.WORKER_NOTIFY) and engine.store.vendor == "postgresql"
+    # Workers are notified where the database carries notifications; elsewhere they poll.
+    notify = bool(pikku_settings.WORKER_NOTIFY) and notifies(engine.using)
     handler = handler_for(new.source, new.event)
     binding = handler.send if handler is not None else None
-    if digest is not None and (binding is not None or engine.store.vendor != "postgresql"):
+    if digest is not None and (binding is not None or not claims_digest_with_receipt(engine.using)):
         # The claim and the store in one transaction (one statement on PostgreSQL).
         with accepted_once(new.source, digest) as fresh:
             return store_new_event(new, gate=gate) if fresh else "redelivery"
@@ -184,9 +190,7 @@ def refusal_reason(new: NewEvent) -> str:
 
 def waiting_receipts(engine: RunStarter) -> Any:
     """The receipts whose run a worker has yet to start (not those set aside)."""
-    return WebhookReceipt.objects.using(engine.using).filter(
-        run_id__isnull=True, input__isnull=False, set_aside=""
-    )
+    return WebhookReceipt.objects.using(engine.using).waiting()
 
 
 def start_waiting_runs(engine: RunStarter, limit: int = 100) -> int:

@@ -71,6 +71,15 @@ def load_httpx() -> Any:
     return httpx
 
 
+def httpx_installed() -> bool:
+    """Whether httpx can be imported (see :func:`load_httpx`)."""
+    try:
+        load_httpx()
+    except ImproperlyConfigured:
+        return False
+    return True
+
+
 def required_value(name: str, what: str) -> str:
     """The first value of credential ``name`` (``what`` it holds, for the error)."""
     values = credential_values(name)

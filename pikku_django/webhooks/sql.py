@@ -25,20 +25,12 @@ from django.utils import timezone
 
 from pikku_django.models import CredentialValue, TriggerSource, WebhookDigest, WebhookReceipt
 from pikku_django.prepared import fetch_nothing_on, fetch_on
-from pikku_django.workflows.store import CHANNEL
+from pikku_django.wakeups import RECEIPTS_WAITING, WORK_CHANNEL
 
 logger = logging.getLogger(__name__)
 
 RECEIPT_FIELDS = ("source", "event", "provider_id", "received_at", "workflow", "input")
 RECEIPT_KEY = ("source", "event", "provider_id")
-
-#: The payload of the workers' wake-up (``CHANNEL``) when events wait for their runs.
-RECEIPTS_WAITING = "receipts"
-
-
-#: The channel PostgreSQL notifies when a source's row or a credential value changes
-#: (a trigger, migration 0005), so web processes drop the switches and secrets they keep.
-SOURCES_CHANNEL = "pikku_sources"
 
 
 class SourceChanged(Exception):
@@ -89,6 +81,12 @@ def read_state(connection: Any, source: str, credential: str) -> tuple[bool | No
     if not rows:
         return None, []
     return bool(rows[0][0]), [token for _, token in rows if token]
+
+
+def claims_digest_with_receipt(using: str) -> bool:
+    """Whether :func:`store_event` claims a request's digest in the receipt's own
+    statement (else the caller claims it in a transaction around the store)."""
+    return connections[using].vendor == "postgresql"
 
 
 def fingerprint_of(ciphertexts: list[str]) -> str:
@@ -192,7 +190,7 @@ def _postgresql(
         rows = f"SELECT {values} FROM {'gate, ' if gate else ''}claim"
     woken = "NULL"
     if notify:
-        woken = f"(SELECT pg_notify('{CHANNEL}', '{RECEIPTS_WAITING}') FROM receipt)"
+        woken = f"(SELECT pg_notify('{WORK_CHANNEL}', '{RECEIPTS_WAITING}') FROM receipt)"
     return (
         f"{head}receipt AS ("
         f"INSERT INTO {quote(WebhookReceipt._meta.db_table)} "

@@ -1,33 +1,30 @@
 """A webhook source's switch and secrets as a request sees them.
 
-On PostgreSQL (with ``PIKKU["WEBHOOK_STATE_CACHE"]``, on by default) an enabled
-source's state is kept on the database connection between requests. The connection
-listens on :data:`~pikku_django.webhooks.sql.SOURCES_CHANNEL`, which a trigger
+Where the database can notify (with ``PIKKU["WEBHOOK_STATE_CACHE"]``, on by default)
+an enabled source's state is kept on the database connection between requests. The
+connection listens on :data:`~pikku_django.wakeups.SOURCES_CHANNEL`, which a trigger
 notifies whenever a source's row or a credential value changes, and drops what it
 keeps when a notification arrives. A state taken from there is marked ``cached``:
 the view has it confirmed by the database before its answer stands, through the
 gate of the statement that stores the request's events, or by reading it afresh.
 Only enabled sources are kept, so a 404 is always answered from a fresh read.
-Every other database, and a connection inside a transaction, reads the state on
-every request. :class:`RequestState` is that rule for one request: it holds the
-state, and reads it afresh whenever an answer would otherwise stand on a kept state
-nothing has confirmed.
+Every other connection (:func:`~pikku_django.wakeups.session_listener` says which)
+reads the state on every request. :class:`RequestState` is that rule for one request:
+it holds the state, and reads it afresh whenever an answer would otherwise stand on a
+kept state nothing has confirmed.
 """
 
 from __future__ import annotations
 
-import logging
-import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.db import connections
 
 from pikku_django.conf import pikku_settings
+from pikku_django.wakeups import SOURCES_CHANNEL, session_listener
 from pikku_django.webhooks.credentials import configured_values, decrypt_cached
-from pikku_django.webhooks.sql import SOURCES_CHANNEL, Gate, fingerprint_of, read_state
-
-logger = logging.getLogger(__name__)
+from pikku_django.webhooks.sql import Gate, fingerprint_of, read_state
 
 
 @dataclass(frozen=True)
@@ -47,19 +44,15 @@ class SourceState:
 
 @dataclass
 class _Kept:
-    """What one PostgreSQL connection keeps: states by (source, credential)."""
+    """What one connection keeps: states by (source, credential)."""
 
     states: dict[tuple[str, str], SourceState] = field(default_factory=dict)
     generation: int = 0
 
     def on_notify(self, notify: Any) -> None:
-        if notify.channel == SOURCES_CHANNEL:
-            self.states.clear()
-            self.generation += 1
-
-
-#: Per psycopg connection; an entry goes when its connection does.
-_kept: weakref.WeakKeyDictionary[Any, _Kept] = weakref.WeakKeyDictionary()
+        """A source or credential changed: keep nothing from before."""
+        self.states.clear()
+        self.generation += 1
 
 
 def source_state(
@@ -68,7 +61,7 @@ def source_state(
     """``source``'s state for a request on ``using``: kept, or read (``fresh`` always reads)."""
     credential = credential or ""
     connection = connections[using]
-    kept = _kept_for(connection) if connection.vendor == "postgresql" else None
+    kept = _kept_for(connection)
     if kept is not None and not fresh:
         found = kept.states.get((source, credential))
         if found is not None:
@@ -89,46 +82,13 @@ def source_state(
 
 
 def _kept_for(connection: Any) -> _Kept | None:
-    """The states a PostgreSQL ``connection`` keeps, or None when it keeps none.
-
-    A connection keeps states only with the setting on, on psycopg 3, when it
-    outlives the request (``CONN_MAX_AGE`` or a pool), and outside a transaction: a
-    LISTEN inside one would only count from its commit. Notifications already
-    received are taken in first; a connection's first call LISTENs.
-    """
+    """The states ``connection`` keeps, or None when it keeps none: with the setting
+    on and where its session can listen (:func:`~pikku_django.wakeups.session_listener`:
+    PostgreSQL on psycopg 3, no transaction pooler, a connection that outlives the
+    request, outside a transaction). Notifications already received are taken in first."""
     if not pikku_settings.WEBHOOK_STATE_CACHE:
         return None
-    if connection.settings_dict.get("CONN_MAX_AGE") == 0 and not getattr(connection, "pool", None):
-        return None  # a new connection every request: keeping would cost a LISTEN each
-    if connection.in_atomic_block or not connection.get_autocommit():  # connects if need be
-        return None
-    raw = connection.connection
-    if not hasattr(raw, "add_notify_handler"):  # psycopg2
-        return None
-    kept = _kept.get(raw)
-    if kept is not None:
-        try:
-            _take_notifications(raw)
-        except Exception:  # the connection broke: read instead, and let that report it
-            logger.debug("Reading notifications failed; the state is read", exc_info=True)
-            del _kept[raw]
-            return None
-        return kept
-    kept = _Kept()
-    with connection.wrap_database_errors:
-        raw.execute(f"LISTEN {SOURCES_CHANNEL}")
-    raw.add_notify_handler(kept.on_notify)
-    _kept[raw] = kept
-    return kept
-
-
-def _take_notifications(raw: Any) -> None:
-    """Hand notifications already received on ``raw`` to its handlers, without waiting."""
-    pgconn = raw.pgconn
-    pgconn.consume_input()
-    while (notify := pgconn.notifies()) is not None:
-        if pgconn.notify_handler is not None:
-            pgconn.notify_handler(notify)
+    return session_listener(connection, SOURCES_CHANNEL, _Kept)
 
 
 class SourceOff(Exception):

@@ -53,6 +53,7 @@ from pikku_django.workflows.errors import (
     WorkflowStepSupersededError,
     WorkflowTimeoutError,
 )
+from pikku_django.workflows.forks import ForkRefusal, ForkRefusedError, fork_run
 from pikku_django.workflows.intake import (
     Intake,
     register_intake,
@@ -83,6 +84,8 @@ __all__ = [
     "EventOutcome",
     "EventTimeout",
     "FakeClock",
+    "ForkRefusal",
+    "ForkRefusedError",
     "Intake",
     "JoinPolicy",
     "NewRun",
@@ -126,6 +129,7 @@ __all__ = [
     "await_run",
     "aworkflow_status",
     "cancel_workflow",
+    "fork_run",
     "get_engine",
     "pause_queue",
     "paused_queues",

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from pikku_django import signals
 from pikku_django.models import RunStatus, WorkflowRun
+from pikku_django.wakeups import KEYS_WAITING, announce
 from pikku_django.workflows.intake import RunStarter, register_intake
 from pikku_django.workflows.logcontext import workflow_logger
 from pikku_django.workflows.store import WorkflowStore
@@ -30,8 +31,6 @@ logger = workflow_logger(__name__)
 #: The lock every worker's admission takes (no queue can have this name: queue
 #: names have no surrounding spaces).
 ADMISSION_LOCK = " concurrency keys "
-#: The notification that tells workers a keyed run ended (PostgreSQL).
-NOTIFY_PAYLOAD = "pikku.concurrency_keys"
 #: Seconds after a look that found waiting runs that an ending run notifies workers.
 _NOTIFY_WINDOW = 60.0
 #: When this process's last look at each database found waiting runs (monotonic
@@ -138,7 +137,7 @@ class KeyAdmission:
     """Waiting keyed runs as a source of work for the worker."""
 
     name = "pikku.concurrency_keys"
-    notify_payload: str | None = NOTIFY_PAYLOAD
+    notify_payload: str | None = KEYS_WAITING
 
     def start_waiting(self, engine: RunStarter, limit: int) -> int:
         return admit(engine.store, limit, _now(engine))
@@ -155,14 +154,14 @@ def _now(engine: RunStarter) -> datetime:
 
 @receiver(signals.run_finished, dispatch_uid="pikku_django.concurrency_keys")
 def _slot_freed(sender: Any, **kwargs: Any) -> None:
-    """A run ended while keyed runs wait: tell workers to look now (PostgreSQL)."""
+    """A run ended while keyed runs wait: tell workers to look now."""
     store = getattr(sender, "store", None)
-    if store is None or not store.notifying:
+    if store is None:
         return
     seen = _last_seen_waiting.get(store.using)
     if seen is None or time.monotonic() - seen > _NOTIFY_WINDOW:
         return
-    store.notify_intake(NOTIFY_PAYLOAD)
+    announce(store.using, KEYS_WAITING, notifying=store.notifying)
 
 
 def register() -> None:

@@ -285,9 +285,7 @@ def settle_then_claim(
             else None
         )
         if stored is None:  # the pass after the success is still owed
-            store.runs().filter(id=claim.step.run_id, status=RunStatus.RUNNING).update(
-                wake_at=pass_wake_at, updated_at=timezone.now()
-            )
+            store.due_for_pass(claim.step.run_id, pass_wake_at)
     return Chained(settled.result, settled.run_status, settled.run_wakes, same, stored)
 
 

@@ -5,31 +5,14 @@ from __future__ import annotations
 
 import uuid
 
-from django.db.models import F
-
 from pikku_django.models import StepKind, StepStatus
 from pikku_django.workflows.store import WorkflowStore
 
 
 def branch_settled(store: WorkflowStore, group_id: int, *, failed: bool) -> bool:
-    """Count a child branch of ``group_id`` settled: whether its run needs a pass now.
-
-    The row's update serialises the group's children, and each reads the count its
-    own update left, so exactly the one that brings it to zero sees zero. A failure
-    wakes the run at once (a fail-fast join cancels the rest); a group already
-    joined needs nothing.
-    """
-    counted = (
-        store.steps()
-        .filter(id=group_id, status=StepStatus.RUNNING)
-        .update(open_branches=F("open_branches") - 1)
-    )
-    if not counted:
-        return False
-    if failed:
-        return True
-    left = store.steps().order_by().filter(id=group_id).values_list("open_branches", flat=True)
-    return any(n <= 0 for n in left)
+    """Count a child branch of ``group_id`` settled: whether its run needs a pass now
+    (its last open branch, or a failure: a fail-fast join cancels the rest)."""
+    return store.settle_branch(group_id, failed=failed).wakes_run
 
 
 def failed_group(store: WorkflowStore, run_id: uuid.UUID) -> str | None:

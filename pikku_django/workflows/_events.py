@@ -176,7 +176,7 @@ class RunEvents:
                 return carried
         row = (
             StepAttempt.objects.using(self.using)
-            .filter(step_id=claimed.step_id, attempt=claimed.attempt)
+            .of_attempt(claimed.step_id, claimed.attempt)
             .values(
                 "worker",
                 "started_at",

@@ -8,8 +8,6 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.utils import timezone
-
 from pikku_django.models import RunStatus, StepStatus
 from pikku_django.workflows import registry
 from pikku_django.workflows._current import calling
@@ -308,13 +306,7 @@ class Execution:
     def _check_run_running(self, claimed: ClaimedStep) -> None:
         """In a transactional step's transaction: lock its run, and roll the step's
         writes back (_RunStoppedError) unless the run is still running."""
-        status = (
-            self.store.runs()
-            .select_for_update()
-            .filter(id=claimed.run_id)
-            .values_list("status", flat=True)
-            .first()
-        )
+        status = self.store.locked_run_status(claimed.run_id)
         if status != RunStatus.RUNNING:
             raise _RunStoppedError(str(status))
 
@@ -347,22 +339,7 @@ class Execution:
     def _function_missing(self, claimed: ClaimedStep) -> StepOutcome:
         """The current attempt's function is missing: suspend the run (RPC_NOT_FOUND)."""
         error = serialize_error(StepFunctionNotFoundError(claimed.function))
-        with self.store.atomic():
-            won = (
-                self.store.steps()
-                .filter(id=claimed.step_id, attempt=claimed.attempt, status=StepStatus.RUNNING)
-                .update(
-                    status=StepStatus.SUSPENDED,
-                    error=error,
-                    lease_expires_at=None,
-                    attempt=claimed.attempt - 1,
-                    updated_at=timezone.now(),
-                )
-            )
-            if won:
-                self.store.attempts().filter(
-                    step_id=claimed.step_id, attempt=claimed.attempt
-                ).delete()
+        won = self.store.withdraw_attempt(claimed.step_id, claimed.attempt, error=error)
         if not won:
             logger.warning(
                 "Superseded attempt %d of step %s found no function %r; left to its new owner",

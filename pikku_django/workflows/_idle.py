@@ -66,13 +66,13 @@ class IdleThreads:
 class PollCadence:
     """How often an idle worker looks for work without being told.
 
-    Every ``poll_interval`` seconds; on PostgreSQL, while the worker's LISTEN works
-    and no queue has limits (a limited queue's freed slot is not announced), every
-    ``notified_interval`` instead: new work is announced, and the worker's next-due
-    look wakes it for timers and lapsing leases. Intakes that are only polled are
-    looked at every poll interval while the worker is busy or notified (and for two
-    poll intervals after), so that what a run's work leaves them (a deadline to
-    watch) is seen as soon as before.
+    Every ``poll_interval`` seconds; while the worker's LISTEN works
+    (:mod:`pikku_django.wakeups`) and no queue has limits (a limited queue's freed slot
+    is not announced), every ``notified_interval`` instead: new work is announced, and
+    the worker's next-due look wakes it for timers and lapsing leases. Intakes that are
+    only polled are looked at every poll interval while the worker is busy or notified
+    (and for two poll intervals after), so that what a run's work leaves them (a
+    deadline to watch) is seen as soon as before.
     """
 
     def __init__(

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError
+from django.db import DatabaseError
 from django.utils import timezone
 
 from pikku_django.models import StepKind, StepStatus, WorkflowRun, WorkflowStep
@@ -35,6 +35,7 @@ from pikku_django.workflows.errors import (
     serialize_error,
 )
 from pikku_django.workflows.logcontext import log_context, workflow_logger
+from pikku_django.workflows.store.step_writes import StepRow
 
 logger = workflow_logger(__name__)
 
@@ -89,12 +90,9 @@ class InlineSteps:
         """Insert a step of ``run`` (with its priority); the one stored already if
         another pass did first."""
         fields.setdefault("priority", run.priority)
-        try:
-            with self.store.atomic():
-                return self.store.steps().create(run_id=run.id, **fields)
-        except IntegrityError:
-            # Another pass of the same run created it first (its lease lapsed).
-            return self.store.steps().get(run_id=run.id, name=fields["name"])
+        group = fields.pop("group", None)
+        row = StepRow(run.id, group_id=None if group is None else group.id, **fields)
+        return self.store.record_step(row).step
 
     def run(
         self,
@@ -199,9 +197,10 @@ class InlineSteps:
             except _WriteFailedError as exc:
                 raise exc.__cause__ from None  # type: ignore[misc]
             except StepFunctionNotFoundError as exc:
-                columns = new.columns()
-                del columns["run_id"]  # given as the run
-                self.create(run, **columns, status=StepStatus.SUSPENDED, error=serialize_error(exc))
+                error = serialize_error(exc)
+                self.store.record_step(
+                    StepRow(**new.columns(), status=StepStatus.SUSPENDED, error=error)
+                )
                 self.states.suspend(run, f"RPC_NOT_FOUND: {exc}")
                 raise Pause(None) from None
             except Exception as exc:

@@ -13,11 +13,11 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.wakeups import announce_run_end
 from pikku_django.workflows._branches import failed_group
 from pikku_django.workflows._debounce import debounced_start
 from pikku_django.workflows._opening import opening_step
 from pikku_django.workflows._run_options import RunOptions
-from pikku_django.workflows._run_waits import announce_run_end
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._values import to_json
 from pikku_django.workflows.errors import WorkflowRunNotFoundError, WorkflowRunStateError

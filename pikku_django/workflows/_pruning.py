@@ -99,11 +99,7 @@ def delete_runs_and_leases(using: str, ids: Sequence[uuid.UUID]) -> int:
 def old_receipts(using: str, cutoff: datetime) -> QuerySet[WebhookReceipt]:
     """Webhook receipts received before ``cutoff``. A receipt still waiting for its
     run holds the event: it is kept (one a worker set aside waits no more, and goes)."""
-    return (
-        WebhookReceipt.objects.using(using)
-        .filter(received_at__lt=cutoff)
-        .exclude(run__isnull=True, input__isnull=False, set_aside="")
-    )
+    return WebhookReceipt.objects.using(using).filter(received_at__lt=cutoff).dealt_with()
 
 
 def in_batches(

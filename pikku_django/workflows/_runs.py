@@ -12,10 +12,10 @@ from django.db import DatabaseError
 
 from pikku_django.leases.base import Lease
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.wakeups import announce_run_end
 from pikku_django.workflows._branches import branch_settled
 from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._events import RunEvents
-from pikku_django.workflows._run_waits import announce_run_end
 from pikku_django.workflows._values import Chained, StepDone
 from pikku_django.workflows.clock import Clock
 from pikku_django.workflows.errors import storable_text

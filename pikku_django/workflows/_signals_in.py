@@ -15,8 +15,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError
-from django.db.models import F
 
 from pikku_django.models import (
     TERMINAL_RUN_STATUSES,
@@ -32,6 +30,7 @@ from pikku_django.workflows._values import Pause, to_json
 from pikku_django.workflows.durations import Duration, parse_duration
 from pikku_django.workflows.errors import WorkflowDefinitionError, WorkflowRunNotFoundError
 from pikku_django.workflows.logcontext import workflow_logger
+from pikku_django.workflows.store.step_writes import StepRow
 
 if TYPE_CHECKING:
     from pikku_django.workflows._context_api import StepCalls
@@ -123,11 +122,6 @@ class EventWaits:
         self.store = states.store
         self.clock = states.clock
 
-    def _lock_run(self, run_id: uuid.UUID | str) -> bool:
-        """Take the run's row lock for this transaction (a write that changes nothing,
-        so it locks on every database): whether the run exists."""
-        return bool(self.store.runs().filter(id=run_id).update(wakes=F("wakes")))
-
     def events(self) -> Any:
         return WorkflowEvent.objects.using(self.store.using)
 
@@ -138,7 +132,7 @@ class EventWaits:
         payload = to_json(data, f"The data of event {name!r}")
         with self.store.atomic():
             try:
-                found = self._lock_run(run_id)
+                found = self.store.lock_run(run_id)
             except (ValidationError, ValueError, TypeError) as exc:
                 found = False
                 cause: Exception | None = exc
@@ -150,12 +144,8 @@ class EventWaits:
             if run.status in TERMINAL_RUN_STATUSES:
                 logger.info("Event %r for run %s dropped: the run is %s", name, run.id, run.status)
                 return SentEvent(run.id, name, event_id, EventOutcome.RUN_ENDED)
-            try:
-                with self.store.atomic():
-                    event = self.events().create(
-                        run_id=run.id, name=name, event_id=event_id, data=payload
-                    )
-            except IntegrityError:
+            event = self.store.add_event(run.id, name, event_id, payload)
+            if event is None:
                 return SentEvent(run.id, name, event_id, EventOutcome.DUPLICATE)
             wait = (
                 self.store.steps()
@@ -171,7 +161,7 @@ class EventWaits:
         return SentEvent(run.id, name, event_id, EventOutcome.DELIVERED)
 
     def _settle(self, wait: WorkflowStep, event: WorkflowEvent) -> None:
-        self.events().filter(id=event.id).update(step=wait)
+        self.store.take_event(event.id, wait.id)
         self.states.finish_marker(wait, StepStatus.SUCCEEDED, result=_delivered(event))
         wait.status, wait.result = StepStatus.SUCCEEDED, _delivered(event)
 
@@ -183,22 +173,22 @@ class EventWaits:
         """Store the wait step, settled at once by an event kept for it."""
         due = None if seconds is None else self.clock.now() + timedelta(seconds=seconds)
         with self.store.atomic():
-            self._lock_run(run.id)
-            try:
-                with self.store.atomic():
-                    step = self.store.steps().create(
-                        run_id=run.id,
-                        name=step_name,
-                        kind=StepKind.EVENT,
-                        function=name,
-                        input={"event": name, "timeout": seconds},
-                        status=StepStatus.SCHEDULED,
-                        retries=0,
-                        priority=run.priority,
-                        available_at=due,
-                    )
-            except IntegrityError:  # stored by another pass of the run
-                return self.store.steps().get(run_id=run.id, name=step_name)
+            self.store.lock_run(run.id)
+            wait = StepRow(
+                run.id,
+                step_name,
+                StepKind.EVENT,
+                StepStatus.SCHEDULED,
+                function=name,
+                input={"event": name, "timeout": seconds},
+                retries=0,
+                priority=run.priority,
+                available_at=due,
+            )
+            recorded = self.store.record_step(wait)
+            step = recorded.step
+            if not recorded.new:  # stored by another pass of the run
+                return step
             kept = (
                 self.events()
                 .filter(run_id=run.id, name=name, step__isnull=True)
@@ -212,7 +202,7 @@ class EventWaits:
     def time_out(self, wait: WorkflowStep) -> WorkflowStep:
         """Settle a wait whose timeout passed, unless an event settled it first."""
         with self.store.atomic():
-            self._lock_run(wait.run_id)
+            self.store.lock_run(wait.run_id)
             current = self.store.steps().get(id=wait.id)
             if current.status == StepStatus.SCHEDULED:
                 self.states.finish_marker(current, StepStatus.SUCCEEDED, result={"timed_out": True})

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections
-
 from pikku_django.models import TERMINAL_RUN_STATUSES, RunStatus, WorkflowRun, WorkflowStep
 from pikku_django.models.fields import shown
-from pikku_django.workflows._listen import ChannelListener
-from pikku_django.workflows.store import CHANNEL
+from pikku_django.wakeups import WORK_CHANNEL, SharedListener, shared_listener
 
 
 @dataclass(frozen=True)
@@ -97,64 +92,7 @@ def snapshot(run_id: uuid.UUID | str, using: str) -> RunSnapshot | None:
     )
 
 
-class WorkNotifications:
-    """One PostgreSQL ``LISTEN`` per process, waking every stream waiting on it."""
-
-    def __init__(self, using: str) -> None:
-        self.using = using
-        self._changed = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._subscribers: set[Callable[[], None]] = set()
-        self.channel = ChannelListener(using, CHANNEL, self._notified)
-
-    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` (on the listening thread) on each notification, until the
-        function returned is called. Without LISTEN (not PostgreSQL) it is never called."""
-        self._ensure_listening()
-        with self._lock:
-            self._subscribers.add(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                self._subscribers.discard(callback)
-
-        return unsubscribe
-
-    def wait(self, timeout: float) -> None:
-        """Return on the next notification, or after ``timeout`` seconds."""
-        self._ensure_listening()
-        with self._changed:
-            self._changed.wait(timeout)
-
-    def _ensure_listening(self) -> None:
-        if connections[self.using].vendor != "postgresql":
-            return
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self.channel.run,
-                    args=(threading.Event(),),
-                    name="pikku-stream-listen",
-                    daemon=True,
-                )
-                self._thread.start()
-
-    def _notified(self, payload: str) -> None:
-        with self._changed:
-            self._changed.notify_all()
-        with self._lock:
-            subscribers = list(self._subscribers)
-        for callback in subscribers:
-            callback()
-
-
-_notifications: dict[str, WorkNotifications] = {}
-_notifications_lock = threading.Lock()
-
-
-def notifications(using: str) -> WorkNotifications:
-    with _notifications_lock:
-        if using not in _notifications:
-            _notifications[using] = WorkNotifications(using)
-        return _notifications[using]
+def notifications(using: str) -> SharedListener:
+    """What wakes a status stream on ``using``: any work announced there (subscribers
+    are never called where the database cannot be listened to: the stream polls)."""
+    return shared_listener(using, WORK_CHANNEL)

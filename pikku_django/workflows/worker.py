@@ -17,13 +17,13 @@ from django.db import connections
 from pikku_django._version import __version__
 from pikku_django.conf import pikku_settings
 from pikku_django.leases import HeldLease, LeaseTakenError, hold_lease
+from pikku_django.wakeups import ChannelListener, work_listener, worker_poll_interval
 from pikku_django.workflows._aio import AsyncSteps
 from pikku_django.workflows._carrying import CHAIN_SECONDS, RunCarrier
 from pikku_django.workflows._connections import release_connections
 from pikku_django.workflows._heartbeat import WorkerHeartbeats
 from pikku_django.workflows._idle import IdleThreads, PollCadence
 from pikku_django.workflows._intake_looks import IntakeLooks
-from pikku_django.workflows._listen import ChannelListener, work_listener
 from pikku_django.workflows._look_order import LookOrder
 from pikku_django.workflows._sweeps import pending_summary, wake_stalled_runs
 from pikku_django.workflows._values import StepOutcome
@@ -62,6 +62,8 @@ class Worker:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be greater than 0, not {poll_interval}")
+        if notify:  # announced work that cannot be heard is looked for often
+            poll_interval = worker_poll_interval(engine.using, poll_interval)
         self.engine = engine
         self.concurrency = concurrency
         self.queues = list(queues)
@@ -98,9 +100,13 @@ class Worker:
         # Intakes' items wait for their runs: looked for at start, when notified, and
         # once an intake interval.
         self.intakes = IntakeLooks(engine, self.cadence)
-        if notify and engine.store.vendor == "postgresql":
+        if notify:
             self._listener = work_listener(
-                engine.using, self.intakes.waiting, self._notified, poll_interval
+                engine.using,
+                (i.notify_payload or "" for i in intakes()),
+                self.intakes.waiting.set,
+                self._notified,
+                poll_interval,
             )
         #: The event loop of ``async def`` steps, started when the first one is claimed.
         self.async_steps = AsyncSteps(
@@ -178,12 +184,16 @@ class Worker:
         config, store = self.engine.config, self.engine.store
         return (
             f"pikku_worker {__version__} {self.name} started: database {self.engine.using!r} "
-            f"({store.vendor}, {'notified, ' if notified else ''}polling every "
+            f"({store.vendor}, {self._listening_through() if notified else ''}polling every "
             f"{self.poll_interval:g}s{self._notified_polling(notified)}), "
             f"queues {', '.join(self.queues) or 'all'}, "
             f"concurrency {self.concurrency}, leases {type(self.engine.leases).__name__} "
             f"(run {config.run_lease_ms} ms, step {config.step_lease_ms} ms)"
         )
+
+    def _listening_through(self) -> str:
+        through = self._listener.using if self._listener is not None else self.engine.using
+        return "notified, " if through == self.engine.using else f"notified over {through!r}, "
 
     def _notified_polling(self, notified: bool) -> str:
         cadence = self.cadence
@@ -247,7 +257,7 @@ class Worker:
 
     @contextmanager
     def _single_sqlite_worker(self) -> Iterator[HeldLease | None]:
-        if self.engine.store.vendor != "sqlite":
+        if not self.engine.store.one_worker_process:
             yield None
             return
         key = f"pikku-worker:sqlite:{connections[self.engine.using].settings_dict['NAME']}"[:255]

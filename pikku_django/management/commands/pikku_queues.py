@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from pikku_django.conf import pikku_settings
 from pikku_django.management.output import format_table, shown, yes_no
-from pikku_django.models import StepKind, StepStatus, WorkflowStep
+from pikku_django.models import WorkflowStep
 from pikku_django.schema import require_migrated
 from pikku_django.workflows.config import engine_config
 from pikku_django.workflows.pauses import (
@@ -120,10 +120,7 @@ class Command(BaseCommand):
         pauses = {p.queue: p for p in paused_queues(using)}
         open_steps = (
             WorkflowStep.objects.using(using)
-            .filter(
-                kind=StepKind.QUEUED,
-                status__in=(StepStatus.SCHEDULED, StepStatus.PENDING, StepStatus.RUNNING),
-            )
+            .open_queued()
             .order_by()
             .values_list("queue", flat=True)
             .distinct()

@@ -1,4 +1,4 @@
-"""``manage.py pikku_runs``: list, show, resume, cancel and retry workflow runs."""
+"""``manage.py pikku_runs``: list, show, resume, cancel, retry and fork workflow runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from datetime import date
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
 
 from pikku_django.admin.formatting import (
     error_part,
@@ -21,8 +20,10 @@ from pikku_django.admin.formatting import (
 )
 from pikku_django.admin.queries import RunFilters, describe, run_duration, with_list_columns
 from pikku_django.admin.steering import OPERATIONS, Operation
+from pikku_django.management.commands._run_forks import add_fork_parser, fork_command
 from pikku_django.management.output import format_table, shown
 from pikku_django.models import RunStatus, StepAttempt, WorkflowRun, WorkflowStep
+from pikku_django.read_database import read_database
 from pikku_django.schema import require_migrated
 from pikku_django.workflows.errors import WorkflowError
 
@@ -66,8 +67,8 @@ def find_run(value: str, using: str) -> WorkflowRun:
                 f"{value!r} is not a run id: give the id, or at least its first "
                 f"{MIN_PREFIX} characters"
             )
-        if connections[using].vendor != "postgresql":
-            prefix = prefix.replace("-", "")
+        # A database without a uuid type stores the id's hex digits: Django's
+        # startswith on a UUIDField drops the dashes from the prefix there.
         found = list(runs.filter(id__startswith=prefix)[:2])
         if len(found) > 1:
             raise CommandError(f"More than one run id starts with {value!r}: give more of it")
@@ -108,8 +109,10 @@ def step_data(step: WorkflowStep) -> dict[str, Any]:
 class Command(BaseCommand):
     help = (
         "Workflow runs from the command line: list them (with the admin's filters), show "
-        "one with its steps and attempts, and resume, cancel or retry one. Runs are read "
-        "from PIKKU['WORKFLOW_DATABASE']. A run is named by its id or the id's first "
+        "one with its steps and attempts, resume, cancel or retry one, or fork one (re-run "
+        "it from a step as a new run). list and show read PIKKU['READ_DATABASE'] when it "
+        "is set, the others PIKKU['WORKFLOW_DATABASE']. "
+        "A run is named by its id or the id's first "
         f"{MIN_PREFIX} or more characters (as the admin list shows them). --json prints "
         "JSON instead of a table. See `pikku_runs SUBCOMMAND --help` for each one's options."
     )
@@ -119,7 +122,7 @@ class Command(BaseCommand):
             dest="subcommand",
             required=True,
             title="subcommands",
-            metavar="{list,show,resume,cancel,retry}",
+            metavar="{list,show,resume,cancel,retry,fork}",
         )
         listing = commands.add_parser(
             "list",
@@ -180,14 +183,19 @@ class Command(BaseCommand):
                 )
             sub.add_argument("--json", action="store_true", help="Print the run as JSON after.")
 
+        add_fork_parser(commands)
+
     def handle(self, *args: Any, **options: Any) -> None:
         using = workflow_database()
         require_migrated(using)
         subcommand = options["subcommand"]
         if subcommand == "list":
-            self.list_runs(using, options)
+            self.list_runs(read_database(using), options)
         elif subcommand == "show":
-            self.show_run(find_run(options["run"], using), using, as_json=options["json"])
+            reading = read_database(using)
+            self.show_run(find_run(options["run"], reading), reading, as_json=options["json"])
+        elif subcommand == "fork":
+            fork_command(self, find_run(options["run"], using), using, options)
         else:
             self.operate(Operation(subcommand), find_run(options["run"], using), using, options)
 
@@ -240,7 +248,7 @@ class Command(BaseCommand):
         listed: Any = with_list_columns(WorkflowRun.objects.using(using).filter(pk=run.pk)).get()
         steps = list(
             WorkflowStep.objects.using(using)
-            .filter(run_id=run.pk)
+            .of_run(run.pk)
             .prefetch_related("attempts")
             .order_by("id")
         )
@@ -264,6 +272,8 @@ class Command(BaseCommand):
             ("idempotency key", run.idempotency_key or "-"),
             ("parent", str(listed.parent_run_id) if listed.parent_run_id else "-"),
         ]
+        if run.forked_from_id:
+            fields.append(("forked from", f"{run.forked_from_id} at {run.forked_at_step!r}"))
         if run.status == RunStatus.SUSPENDED:
             fields.append(("suspend reason", run.suspend_reason or "-"))
         if run.error:

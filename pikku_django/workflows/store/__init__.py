@@ -9,8 +9,6 @@ from django.db import connections
 from pikku_django.workflows._values import NewStep, NextDue, Settled
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.store.base import (
-    CHANNEL,
-    RUN_DONE_CHANNEL,
     LimitedClaim,
     NewRun,
     WorkflowStore,
@@ -36,8 +34,6 @@ def store_for(using: str, config: Callable[[], EngineConfig] = engine_config) ->
 
 
 __all__ = [
-    "CHANNEL",
-    "RUN_DONE_CHANNEL",
     "LimitedClaim",
     "MysqlStore",
     "NewRun",

@@ -16,9 +16,10 @@ from typing import Any
 from pikku_django.leases.base import Lease
 from pikku_django.leases.sql import PostgreSQLLeaseSQL
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.wakeups import RUN_DONE_CHANNEL, WORK_CHANNEL
 from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows.store._pg_sql import _jsonb
-from pikku_django.workflows.store.base import CHANNEL, RUN_DONE_CHANNEL, columns
+from pikku_django.workflows.store.base import columns
 
 
 def _q(name: str) -> str:
@@ -177,4 +178,4 @@ def finish_run_params(
         params += [pass_wake_at, now, run_id]
     if release is not None:
         params += [release.key, release.holder, release.token]
-    return [*params, CHANNEL, RUN_DONE_CHANNEL, notifying]
+    return [*params, WORK_CHANNEL, RUN_DONE_CHANNEL, notifying]

@@ -35,10 +35,10 @@ from pikku_django.workflows._values import (
 )
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.queues import Rate
-from pikku_django.workflows.store.channels import CHANNEL as CHANNEL
-from pikku_django.workflows.store.channels import RUN_DONE_CHANNEL as RUN_DONE_CHANNEL
+from pikku_django.workflows.store.fork import RunForks
 from pikku_django.workflows.store.queue_writes import QueueWrites
 from pikku_django.workflows.store.run_writes import RunWrites
+from pikku_django.workflows.store.step_writes import StepWrites
 
 
 def columns(model: type[models.Model], names: Sequence[str], quote: Callable[[str], str]) -> str:
@@ -217,13 +217,19 @@ class KeyedStarts:
             return taken.get(workflow=workflow, idempotency_key=idempotency_key)
 
 
-class WorkflowStore(RunWrites, QueueWrites, KeyedStarts, FreshClaims, ChainedWrites, abc.ABC):
+class WorkflowStore(
+    RunWrites, QueueWrites, KeyedStarts, FreshClaims, ChainedWrites, StepWrites, RunForks, abc.ABC
+):
     """The workflow tables' operations on one database (``using``)."""
 
     vendor: str = ""
     #: Whether :meth:`ready_steps_exist` says no only when no step is ready (else it
     #: may say yes to let the claim's own query decide).
     exact_ready_look: bool = False
+    #: Whether the database takes one worker process at a time (one writer).
+    one_worker_process: bool = False
+    #: Whether a run's input is searched as text (the admin's and pikku_runs' search).
+    searches_input_text: bool = False
 
     def __init__(self, using: str, config: Callable[[], EngineConfig] = engine_config) -> None:
         self.using = using

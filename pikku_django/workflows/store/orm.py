@@ -28,7 +28,8 @@ from pikku_django.models import (
 )
 from pikku_django.workflows._pauses import paused, paused_look, without_paused
 from pikku_django.workflows._values import DueRun, NewStep, NextDue, Settled, Wake
-from pikku_django.workflows.store.base import CHANNEL, NewRun, WorkflowStore
+from pikku_django.workflows.store.base import NewRun, WorkflowStore
+from pikku_django.workflows.store.step_writes import running_attempt
 
 #: The order steps are claimed in: highest priority first, first in first out
 #: within a priority (the pikku_step_claim_order index).
@@ -188,7 +189,7 @@ class OrmStore(WorkflowStore):
         with self.atomic():
             run_id = (
                 self.steps()
-                .filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
+                .filter(running_attempt(step_id, attempt))
                 .select_for_update()
                 .values_list("run_id", flat=True)
                 .first()
@@ -284,9 +285,7 @@ class OrmStore(WorkflowStore):
     def refresh_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:
         expires = None if lease_ms is None else EpochMs() + int(lease_ms)
         return bool(
-            self.steps()
-            .filter(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
-            .update(lease_expires_at=expires)
+            self.steps().filter(running_attempt(step_id, attempt)).update(lease_expires_at=expires)
         )
 
     # -- finding work --------------------------------------------------------------------
@@ -470,7 +469,6 @@ class OrmStore(WorkflowStore):
 
 
 __all__ = [
-    "CHANNEL",
     "RUN_CLAIM_ORDER",
     "STEP_CLAIM_ORDER",
     "OrmStore",

@@ -25,6 +25,7 @@ from pikku_django.models import (
     WorkflowStep,
 )
 from pikku_django.prepared import fetch, fetch_one
+from pikku_django.wakeups import RUN_DONE_CHANNEL, WORK_CHANNEL, announce, announcer
 from pikku_django.workflows._pauses import paused_look
 from pikku_django.workflows._values import DueRun, NewStep, Settled, Wake
 from pikku_django.workflows.store._pg_chained import (
@@ -49,13 +50,7 @@ from pikku_django.workflows.store._pg_sql import (
     _ready_exists,
     claim_due_runs_sql,
 )
-from pikku_django.workflows.store.announce import announcer
-from pikku_django.workflows.store.base import (
-    CHANNEL,
-    RUN_DONE_CHANNEL,
-    NewRun,
-    columns,
-)
+from pikku_django.workflows.store.base import NewRun, columns
 from pikku_django.workflows.store.orm import OrmStore
 
 RUN_FIELDS = ("id", "workflow", "status", "input", "output", "error", "suspend_reason")
@@ -152,15 +147,13 @@ class PostgresStore(PostgresChainedWrites, PostgresFreshClaims, OrmStore):
 
     vendor = "postgresql"
     exact_ready_look = True
+    searches_input_text = True
 
     def _sql(self, name: str) -> str:
         return _statements()[name]
 
     def notify(self) -> None:
-        if not self.notifying:
-            return
-        with connections[self.using].cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+        announce(self.using, notifying=self.notifying)
 
     def claim_due_run_rows(self, now: datetime, until: datetime, limit: int) -> list[DueRun]:
         rows = fetch(self.using, claim_due_runs_sql(), [until, now, limit])
@@ -292,7 +285,7 @@ class PostgresStore(PostgresChainedWrites, PostgresFreshClaims, OrmStore):
             touching,
             RunStatus.RUNNING,
             RUN_DONE_CHANNEL,
-            CHANNEL,
+            WORK_CHANNEL,
             waking and self.notifying,
         ]
         row = fetch_one(self.using, self._sql("settle"), params)
@@ -332,7 +325,7 @@ class PostgresStore(PostgresChainedWrites, PostgresFreshClaims, OrmStore):
         sql = f"WITH {', '.join(parts)} SELECT " + (
             "count(pg_notify(%s, '')) FROM r" if announce else "count(*) FROM r"
         )
-        fetch(self.using, sql, [*params, CHANNEL] if announce else params)
+        fetch(self.using, sql, [*params, WORK_CHANNEL] if announce else params)
         if announcing and not announce:
             announcer.after_commit(self.using)
         run._state.adding = False

@@ -13,7 +13,6 @@ from django.db.models.expressions import CombinedExpression
 
 from pikku_django.dbclock import EpochMs
 from pikku_django.models import QueueClaim, QueuePause
-from pikku_django.workflows.store.channels import CHANNEL
 
 logger = logging.getLogger("pikku_django.workflows.pauses")
 
@@ -54,20 +53,6 @@ class QueueWrites:
 
     #: The database alias (the store's).
     using: str
-    #: The store's vendor (``connection.vendor``, "generic" for the ORM's own).
-    vendor: str
-
-    @property
-    def notifying(self) -> bool:
-        raise NotImplementedError
-
-    def notify_intake(self, payload: str) -> None:
-        """Tell idle workers, now, that an intake named ``payload`` has work (where
-        new work is announced, on PostgreSQL)."""
-        if self.vendor != "postgresql" or not self.notifying:
-            return
-        with connections[self.using].cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
 
     # -- pauses ------------------------------------------------------------------------
 

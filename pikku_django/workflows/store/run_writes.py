@@ -109,11 +109,6 @@ class RunWrites:
                 return None
             return int(self._runs().filter(id=run_id).values_list("pass_errors", flat=True).get())
 
-    def lock_run(self, run_id: uuid.UUID) -> None:
-        """Hold the run's row for the caller's transaction (two passes of a run that
-        both change it take turns)."""
-        self._runs().filter(id=run_id).update(wakes=F("wakes"))
-
     def end_run(self, run_id: uuid.UUID, status: RunStatus, output: Any, error: Any) -> bool:
         """End a running run (completed, failed): whether it was running."""
         return bool(

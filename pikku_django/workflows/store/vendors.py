@@ -67,6 +67,7 @@ class SqliteStore(OrmStore):
     """SQLite: one writer, so this process's claims take turns."""
 
     vendor = "sqlite"
+    one_worker_process = True
 
     def __init__(self, using: str, config: Callable[[], EngineConfig] = engine_config) -> None:
         super().__init__(using, config)

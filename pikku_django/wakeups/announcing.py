@@ -1,13 +1,4 @@
-"""Announcing new work to idle workers (PostgreSQL ``NOTIFY``), coalesced per process.
-
-PostgreSQL commits the transactions that ``NOTIFY`` one at a time, so a process that
-stores hundreds of webhook receipts or starts hundreds of runs a second would queue its
-commits behind each other's announcements. Here the first write of a short window
-announces itself in its own statement; the writes after it in that window do not, and
-once they have committed one announcement from a background thread covers them all, no
-later than :data:`WINDOW` after the announcement before it. A worker therefore learns of
-every write, at most :data:`WINDOW` (plus a round trip) after it committed.
-"""
+"""Announcing new work and runs' ends (PostgreSQL's NOTIFY), coalesced per process."""
 
 from __future__ import annotations
 
@@ -15,19 +6,36 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import connections, transaction
 
-from pikku_django.workflows.store.base import CHANNEL
+from pikku_django.wakeups.channels import ANY_WORK, RUN_DONE_CHANNEL, WORK_CHANNEL, notifies
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between a process's announcements on one channel and payload.
+#: Seconds between a process's announcements on one database and payload.
 WINDOW = 0.01
 #: Seconds before an announcement that failed (the database was away) is tried again.
 RETRY = 1.0
-#: Seconds the background thread keeps its connection once it has nothing to announce.
+#: Seconds the announcing thread keeps its connection once it has nothing to announce.
 IDLE_CLOSE = 1.0
+
+
+def announce(
+    using: str, payload: str = ANY_WORK, *, channel: str = WORK_CHANNEL, notifying: bool = True
+) -> None:
+    """Announce ``payload`` on ``channel`` as the current transaction commits (at once
+    outside one); nothing where ``using`` carries no notifications or not ``notifying``."""
+    if not notifying or not notifies(using):
+        return
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+
+
+def announce_run_end(using: str, run_id: Any, *, notifying: bool = True) -> None:
+    """Tell the waits on run ``run_id`` that it ended, as the transaction commits."""
+    announce(using, str(run_id), channel=RUN_DONE_CHANNEL, notifying=notifying)
 
 
 @dataclass
@@ -42,7 +50,15 @@ class _Owed:
 
 
 class Announcer:
-    """This process's announcements of new work, coalesced (see the module's text)."""
+    """This process's announcements of new work, coalesced.
+
+    PostgreSQL commits the transactions that ``NOTIFY`` one at a time, so a process
+    writing hundreds of receipts or runs a second would queue its commits behind each
+    other's announcements. The first write of a window announces itself in its own
+    statement (:meth:`inline`); the writes after it do not, and once they have
+    committed one announcement from a background thread covers them all, no later than
+    ``window`` after the one before it (:meth:`after_commit`).
+    """
 
     def __init__(self, window: float = WINDOW) -> None:
         self.window = window
@@ -58,7 +74,7 @@ class Announcer:
                 found = self._by_key.setdefault(key, _Owed())
         return found
 
-    def inline(self, using: str, payload: str = "") -> bool:
+    def inline(self, using: str, payload: str = ANY_WORK) -> bool:
         """Whether a write about to be made should announce itself in its statement: the
         first of its window. Else call :meth:`after_commit` once it is written."""
         owed = self._owed(using, payload)
@@ -69,7 +85,7 @@ class Announcer:
             owed.last = now
             return True
 
-    def after_commit(self, using: str, payload: str = "") -> None:
+    def after_commit(self, using: str, payload: str = ANY_WORK) -> None:
         """A write that did not announce itself was made in this thread: once it has
         committed (at once outside a transaction), an announcement covers it."""
         transaction.on_commit(lambda: self._owe(using, payload), using=using)
@@ -112,8 +128,7 @@ class Announcer:
                 return
             owed.owed, owed.last = False, now
         try:
-            with connections[using].cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
+            announce(using, payload)
         except Exception:
             logger.warning(
                 "Could not announce new work on %r; trying again in %gs",
