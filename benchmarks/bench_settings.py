@@ -17,6 +17,8 @@ documented default:
     PIKKU_BENCH_RECOVERY_INTERVAL default 30     (PIKKU["RECOVERY_INTERVAL"], seconds)
     PIKKU_BENCH_STALLED_RUN_AFTER default 300    (PIKKU["STALLED_RUN_AFTER"], seconds)
     PIKKU_BENCH_LOG_LEVEL         default WARNING (the pikku_django logger)
+    PIKKU_BENCH_POOLING           default unset  (PIKKU["DATABASE_POOLING"] of "default",
+                                  with WORKER_NOTIFY off: throughput.py --pooler)
     PIKKU_BENCH_INTEGRATIONS      default 0      (1: PIKKU["PROMETHEUS_METRICS"] and
                                   PIKKU["SENTRY"] on, with sentry_sdk.init() as below;
                                   the worker sets PROMETHEUS_MULTIPROC_DIR)
@@ -75,6 +77,12 @@ PIKKU = {
     "RECOVERY_INTERVAL": float(os.environ.get("PIKKU_BENCH_RECOVERY_INTERVAL", "30")),
     "STALLED_RUN_AFTER": float(os.environ.get("PIKKU_BENCH_STALLED_RUN_AFTER", "300")),
 }
+if os.environ.get("PIKKU_BENCH_POOLING"):
+    # throughput.py --pooler: the workers reach PostgreSQL through a PgBouncer in that
+    # mode, stated as the settings reference says (no LISTEN there: workers poll).
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    PIKKU["DATABASE_POOLING"] = {"default": os.environ["PIKKU_BENCH_POOLING"]}
+    PIKKU["WORKER_NOTIFY"] = False
 if CARRY_SETTING is not None and os.environ.get("PIKKU_BENCH_CARRY", "1") == "0":
     PIKKU[CARRY_SETTING] = False
 if os.environ.get("PIKKU_BENCH_INTEGRATIONS") == "1":

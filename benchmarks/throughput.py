@@ -35,10 +35,18 @@ With ``--integrations``, pikku also runs 10-step and 1-step runs with
 set, ``sentry_sdk.init()`` with a transport that drops events), next to the same
 configuration with them off.
 
+With ``--pooler`` (PostgreSQL), pikku also runs 10-step and 1-step runs with its workers
+behind a PgBouncer in transaction mode (Debian's ``pgbouncer``, started by the
+benchmark on a free port of 127.0.0.1 with ``default_pool_size`` 20, and stopped after),
+stated in ``PIKKU["DATABASE_POOLING"]`` with ``WORKER_NOTIFY`` off and a 0.1 s poll (no
+``LISTEN`` through a transaction pooler), next to the same workers on the direct
+connection (CONN_MAX_AGE 60). The runs are stored on the direct connection either way.
+
 Targets (medians, each system at its best concurrency, pikku with CONN_MAX_AGE 60):
 10-step runs >= 1.5x Procrastinate chains and >= 1.5x DBOS queued workflows; 1-step
 runs >= 1.0x Procrastinate single jobs; inline >= 2x DBOS direct; memory slope < 50
-bytes a step; with ``--integrations``, on >= 0.95x off for 10-step and 1-step runs.
+bytes a step; with ``--integrations``, on >= 0.95x off for 10-step and 1-step runs;
+with ``--pooler``, through the pooler >= 0.8x direct for 10-step and 1-step runs.
 
 Run it from the repository root on a quiet machine:
 
@@ -129,6 +137,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also pikku (carried, CONN_MAX_AGE 60) with the Prometheus and Sentry "
         "integrations on, 10-step and 1-step runs, as a ratio to them off",
     )
+    add(
+        "--pooler",
+        action="store_true",
+        help="also pikku (carried, CONN_MAX_AGE 60) with its workers behind a PgBouncer in "
+        "transaction mode, 10-step and 1-step runs, as a ratio to the direct connection",
+    )
     add("--child", choices=DATABASES, help=argparse.SUPPRESS)
     if parser.parse_known_args(argv)[0].quick:  # smaller defaults; options given still win
         parser.set_defaults(
@@ -168,6 +182,7 @@ def child_argv(args: argparse.Namespace, database: str) -> list[str]:
         *("--timeout", str(args.timeout)),
         *(["--transactions"] if args.transactions else []),
         *(["--integrations"] if args.integrations else []),
+        *(["--pooler"] if args.pooler else []),
         *(["--systems", ",".join(args.systems)] if args.systems else []),
         *(["--kinds", ",".join(args.kinds)] if args.kinds else []),
     ]
@@ -180,8 +195,14 @@ def child_main(args: argparse.Namespace) -> int:
     """One database, in a process of its own (Django is configured once per process)."""
     tmp = Path(tempfile.mkdtemp(prefix=f"pikku-bench-throughput-{args.child}-"))
     procs = Processes(tmp, dict(os.environ))
+    pooler = None
     try:
+        if args.pooler and args.child == "postgres":
+            pooler = start_pooler()
+            args.more_systems = [pooled_systems(pooler)]
         result = run_database(args.child, args, procs, tmp)
+        if pooler is not None:
+            result["pooler"] = {"pgbouncer": pooler_version(), "pool_mode": pooler.mode}
     except Exception as exc:  # reported in the JSON, with the workers' last lines
         log.exception("%s failed", args.child)
         for name in procs.procs:
@@ -189,9 +210,116 @@ def child_main(args: argparse.Namespace) -> int:
         result = {"database": args.child, "skipped": f"failed: {type(exc).__name__}: {exc}"}
     finally:
         procs.stop_all()
+        if pooler is not None:
+            pooler.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(result), flush=True)
     return 0
+
+
+#: The pikku system whose workers go through the pooler, and the pairings it is judged by.
+POOLED = "pikku_pooled_cma60"
+POOLER_TARGET = 0.8
+
+
+def start_pooler() -> Any:
+    """A PgBouncer in transaction mode in front of the benchmark's PostgreSQL."""
+    import dj_database_url
+    from throughput_run import WORKFLOWS_URL
+
+    from tests.pgbouncer import start
+
+    server = dj_database_url.parse(WORKFLOWS_URL)
+    return start("transaction", server, pool_size=20, round_robin=False)
+
+
+def pooler_version() -> str:
+    from tests.pgbouncer import executable
+
+    done = subprocess.run(
+        [executable() or "pgbouncer", "--version"], capture_output=True, text=True, check=False
+    )
+    return (done.stdout or done.stderr).splitlines()[0] if done.stdout or done.stderr else "-"
+
+
+def pooled_systems(pooler: Any) -> Any:
+    """The pikku system behind ``pooler``, for ``throughput_run.build_systems``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from throughput_run import POLL_WITHOUT_NOTIFY, WORKFLOWS_URL
+    from throughput_systems import Kind, Pikku
+
+    parts = urlsplit(WORKFLOWS_URL)
+    auth = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    url = urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{pooler.port}"))
+
+    class PooledPikku(Pikku):
+        def settings(self) -> dict[str, Any]:
+            return {
+                **super().settings(),
+                "via": f"PgBouncer, pool_mode = {pooler.mode}, default_pool_size = 20",
+                "PIKKU['DATABASE_POOLING']": {"default": pooler.mode},
+                "PIKKU['WORKER_NOTIFY']": False,
+            }
+
+        def start(self, concurrency: int, processes: int) -> None:
+            direct = dict(self.procs.env)
+            self.procs.env |= {"PIKKU_BENCH_WORKFLOWS_URL": url, "PIKKU_BENCH_POOLING": pooler.mode}
+            try:
+                super().start(concurrency, processes)
+            finally:
+                self.procs.env = direct
+
+    def systems(database: str, procs: Processes, args: argparse.Namespace) -> list[Any]:
+        if database != "postgres":
+            return []
+        label = f"pikku, carried, CONN_MAX_AGE=60, through PgBouncer ({pooler.mode})"
+        return [
+            PooledPikku(
+                POOLED,
+                label,
+                procs,
+                args.timeout,
+                conn_max_age=60,
+                carry=True,
+                carry_setting=None,
+                poll=POLL_WITHOUT_NOTIFY,
+                kinds=(Kind.CHAIN, Kind.SINGLE),
+            )
+        ]
+
+    return systems
+
+
+def pooler_pairings(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Through the pooler against the direct connection, 10-step and 1-step runs."""
+    from throughput_report import RECOMMENDED, best
+
+    out = []
+    for database, db in results.items():
+        for kind, name in (("chain", "10 queued steps"), ("single", "1 queued step")):
+            ours, theirs = best(db, POOLED, kind), best(db, RECOMMENDED, kind)
+            if ours is None or theirs is None or not theirs["median"]:
+                continue
+            ratio = ours["median"] / theirs["median"]
+            out.append(
+                {
+                    "database": database,
+                    "pairing": f"through PgBouncer (transaction) vs direct, {name}",
+                    "kind": kind,
+                    "ours": POOLED,
+                    "theirs": RECOMMENDED,
+                    "ours_best": ours,
+                    "theirs_best": theirs,
+                    "ratio": round(ratio, 3),
+                    "target": POOLER_TARGET,
+                    "met": ratio >= POOLER_TARGET,
+                    "missed_by_pct": None
+                    if ratio >= POOLER_TARGET
+                    else round((1 - ratio / POOLER_TARGET) * 100, 1),
+                }
+            )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     took = time.perf_counter() - began
     targets = judge(results)
+    targets["pairings"] += pooler_pairings(results)
     print(render(results, targets, args))
     from throughput_baselines import DOCS
 
@@ -264,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                     "systems": args.systems or "all",
                     "kinds": args.kinds or "all",
                     "integrations": args.integrations,
+                    "pooler": args.pooler,
                 },
                 "docs": DOCS,
                 "machine": machine(

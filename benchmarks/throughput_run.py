@@ -193,6 +193,8 @@ def build_systems(database: str, procs: Processes, args: argparse.Namespace) -> 
                 kinds=(Kind.CHAIN,),
             )
         )
+    for more in getattr(args, "more_systems", ()):  # throughput.py --pooler
+        systems += more(database, procs, args)
     if database == "postgres" and not args.no_peers:
         systems += prepare_peers(procs, args)
     return [s for s in systems if chosen(s, args)]

@@ -481,3 +481,12 @@ def check_webhook_secrets(
         )
         for bad in found
     ]
+
+
+@checks.register(checks.Tags.compatibility)
+def check_database_pooling(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``PIKKU["DATABASE_POOLING"]`` names databases and modes that exist, and nothing
+    keeps state in a server session behind a transaction pooler (no connection made)."""
+    from pikku_django.pooling import pooling_problems
+
+    return pooling_problems()

@@ -38,6 +38,11 @@ DEFAULTS: dict[str, Any] = {
     # events) on Django's connection (off behind PgBouncer before 1.21 in
     # transaction mode).
     "PREPARED_STATEMENTS": True,
+    # The connection pooler in front of each DATABASES alias, in PgBouncer's words:
+    # {"default": "transaction"} (or "session", or "none", the default for an alias
+    # not named). Behind "transaction" nothing pikku_django does keeps state in a
+    # server session: no prepared statements, LISTEN or session locks and settings.
+    "DATABASE_POOLING": {},
     # Defaults of every step: retries after the first attempt, the delay before
     # a retry (seconds, a timedelta or text like "5s"), and "fixed" or
     # "exponential" backoff (the delay doubles after each failed attempt).
@@ -249,6 +254,11 @@ RULES: dict[str, Rule] = {
     "WORKFLOW_DATABASE": ALIAS,
     "READ_DATABASE": Rule((str,), "a str naming a DATABASES alias, or None", allows_none=True),
     "PREPARED_STATEMENTS": FLAG,
+    "DATABASE_POOLING": Rule(
+        (dict,),
+        "a dict of DATABASES alias to 'transaction', 'session' or 'none'",
+        check_id="pikku_django.E510",
+    ),
     "STEP_RETRIES": Rule((int,), "an int of 0 or more", minimum=0, check_id="pikku_django.E012"),
     "STEP_RETRY_DELAY": Rule(
         (int, float, str, timedelta),

@@ -3,10 +3,11 @@
 Django's cursors bind parameters client-side and prepare nothing. The few
 statements pikku_django runs on every step or webhook go through :func:`fetch`
 instead: on PostgreSQL bound server-side and prepared, so it plans each once per
-connection (``PIKKU["PREPARED_STATEMENTS"]`` turns this off, behind PgBouncer before
-1.21 in transaction mode); on SQLite straight on the driver's cursor. MariaDB and
-MySQL run them through Django's cursor. Either way Django's execute wrappers and
-query log see every statement, and driver errors become Django's.
+connection (``PIKKU["PREPARED_STATEMENTS"]`` turns this off, and so does a pooler in
+transaction mode named in ``PIKKU["DATABASE_POOLING"]``: the next transaction may run
+on a server session that never prepared them); on SQLite straight on the driver's
+cursor. MariaDB and MySQL run them through Django's cursor. Either way Django's execute
+wrappers and query log see every statement, and driver errors become Django's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from django.db import connections
 
 from pikku_django.conf import pikku_settings
+from pikku_django.pooling import keeps_sessions
 
 
 def fetch(using: str, sql: str, params: list[Any]) -> list[Any]:
@@ -88,7 +90,11 @@ def fetch_on(connection: Any, sql: str, params: list[Any]) -> list[Any]:
     vendor = connection.vendor
     if vendor == "sqlite":
         return list(_run_on_sqlite(connection, sql, params, _ROWS))
-    if vendor != "postgresql" or not pikku_settings.PREPARED_STATEMENTS:
+    if (
+        vendor != "postgresql"
+        or not pikku_settings.PREPARED_STATEMENTS
+        or not keeps_sessions(connection.alias)
+    ):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return list(cursor.fetchall())

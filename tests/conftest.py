@@ -14,6 +14,7 @@ from pikku_django.leases.database import (
     DatabaseLeaseService,
     close_database_lease_connections,
 )
+from tests.pgbouncer import pooled, poolers  # noqa: F401 (fixtures: the tests through PgBouncer)
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

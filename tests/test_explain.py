@@ -22,12 +22,9 @@ from django.utils import timezone
 
 from pikku_django.workflows._deadlines import next_deadline, overdue_runs, timed_out_suspensions
 from pikku_django.workflows._values import FirstStepAsk, RunLeaseAsk
-from pikku_django.workflows.store._pg_first import (
-    claim_due_runs_first_params,
-    claim_due_runs_first_sql,
-)
-from pikku_django.workflows.store._pg_sql import claim_due_runs_sql
-from pikku_django.workflows.store.postgresql import PostgresStore, _statements
+from pikku_django.workflows.store.postgresql import PostgresStore
+from pikku_django.workflows.store.postgresql_rows import claim_due_runs_first_params
+from pikku_django.workflows.store.postgresql_sql import statement
 from tests.conftest import database_alias, db_mark
 
 pytestmark = pytest.mark.once
@@ -166,32 +163,36 @@ def test_the_workers_scheduled_queries_use_indexes_on_a_million_steps(
     _load(alias)
     store = PostgresStore(alias)
     now = timezone.now()
-    statements = _statements()
     cases: list[tuple[str, str, list[Any]]] = [
-        ("claim_due_runs", claim_due_runs_sql(), [now, now, 10]),
+        ("claim_due_runs", statement("claim_due_runs"), [now, now, 10]),
         (
             "claim_due_runs_leased",
-            claim_due_runs_sql(leased=True),
+            statement("claim_due_runs_leased"),
             [now, now, 1, "workflow-run:", "holder", 30_000, 30_000, 30_000, "workflow-run:"],
         ),
         *(
             (
                 f"claim_due_runs_first_{'served' if served else 'all'}",
-                claim_due_runs_first_sql(served),
+                statement("claim_due_runs_first" + ("_served" if served else "")),
                 claim_due_runs_first_params(now, now, 1, ASK, FIRST if not served else SERVED, now),
             )
             for served in (False, True)
         ),
-        ("ready_steps_exist", statements["ready_steps_exist"], [now, now]),
+        (
+            "claim_step",
+            statement("claim_step"),
+            [1, now, now, 1000, now, True, now, "w", now, "{}", now, "{}", now],
+        ),
+        ("ready_steps_exist", statement("ready_steps_exist"), [now, now]),
         (
             "ready_steps_exist_on",
-            statements["ready_steps_exist_on"],
+            statement("ready_steps_exist_on"),
             [now, ["default"], now, ["default"], ["default"]],
         ),
-        ("retries_or_lapsed_exist", statements["retries_or_lapsed_exist"], [now]),
+        ("retries_or_lapsed_exist", statement("retries_or_lapsed_exist"), [now]),
         (
             "retries_or_lapsed_exist_on",
-            statements["retries_or_lapsed_exist_on"],
+            statement("retries_or_lapsed_exist_on"),
             [now, ["default"], ["default"]],
         ),
     ]
@@ -209,6 +210,7 @@ def test_the_workers_scheduled_queries_use_indexes_on_a_million_steps(
         seen.append((name, "custom"))
         problems += _check(name, "custom", plan)
     assert ("ready_steps_exist", "generic") in seen
+    assert ("claim_step", "generic") in seen
     assert ("claim_due_runs_leased", "generic") in seen
     assert ("claim_due_runs_first_all", "generic") in seen
     assert ("claim_due_runs_first_served", "generic") in seen

@@ -22,6 +22,7 @@ DIALECTS = (
     "workflows/pauses.py",  # the open-transactions query, per database
     "dbclock.py",  # the clock's SQL, per database
     "prepared.py",  # server-side prepared statements (PostgreSQL's driver)
+    "pooling.py",  # which databases a PostgreSQL pooler (PgBouncer) can stand in front of
 )
 
 

@@ -27,6 +27,7 @@ CASES: dict[str, tuple[Any, Any]] = {
     "WORKFLOW_DATABASE": (["default"], "default"),
     "READ_DATABASE": (["replica"], "default"),
     "PREPARED_STATEMENTS": (0, False),
+    "DATABASE_POOLING": ("transaction", {"default": "session"}),
     "STEP_RETRIES": ("five", 0),
     "STEP_RETRY_DELAY": ([1], timedelta(seconds=2)),
     "STEP_BACKOFF": (2, "exponential"),

@@ -26,6 +26,7 @@ from pikku_django.leases.base import (
     check_ttl,
 )
 from pikku_django.leases.sql import LeaseSQL, dialect_for
+from pikku_django.pooling import keeps_sessions
 from pikku_django.prepared import closed_by_server
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class _ConnectionPool:
     def _new(self) -> Any:
         template = connections[self.alias]
         settings_dict = template.settings_dict
-        if template.vendor == "postgresql" and self.prepared:
+        if template.vendor == "postgresql" and self.prepared and keeps_sessions(self.alias):
             # These connections run only the lease statements: bind server-side and
             # let psycopg 3 prepare them, so the server plans each statement once.
             options = dict(settings_dict.get("OPTIONS") or {})
@@ -110,9 +111,9 @@ class DatabaseLeaseService(LeaseService):
 
     ``using`` is the DATABASES alias. On PostgreSQL and MariaDB/MySQL leases are
     judged on the database's clock; on SQLite on this process's clock. On
-    PostgreSQL the statements are prepared; pass ``prepared=False`` behind a
-    pooler that cannot keep prepared statements (PgBouncer before 1.21 in
-    transaction mode).
+    PostgreSQL the statements are prepared, unless ``prepared=False`` or
+    ``PIKKU["DATABASE_POOLING"]`` puts a pooler in transaction mode in front of
+    ``using`` (PgBouncer before 1.21 cannot keep prepared statements there).
     """
 
     shared_between_processes = True

@@ -6,7 +6,7 @@ connection can listen, waiters poll. This package holds the whole of it:
 
 - the channels and their payloads (:data:`WORK_CHANNEL`, :data:`RUN_DONE_CHANNEL`,
   :data:`SOURCES_CHANNEL`);
-- what a database can do (:func:`notifies`, :func:`listen_alias`, :func:`pooling`),
+- what a database can do (:func:`notifies`, :func:`listen_alias`, :func:`pooling_of`),
   which the rest of the package asks instead of which database it is on;
 - announcing (:func:`announce`, and :data:`announcer`, which coalesces a busy process's
   announcements);
@@ -21,6 +21,7 @@ workers every ``PIKKU["WORKER_POOLED_POLL_INTERVAL"]``. Announcing is one statem
 the writing transaction and works through any pooler.
 """
 
+from pikku_django.pooling import Pooling, pooling_of
 from pikku_django.wakeups.announcing import Announcer, announce, announce_run_end, announcer
 from pikku_django.wakeups.channels import (
     ANY_WORK,
@@ -29,10 +30,8 @@ from pikku_django.wakeups.channels import (
     RUN_DONE_CHANNEL,
     SOURCES_CHANNEL,
     WORK_CHANNEL,
-    Pooling,
     listen_alias,
     notifies,
-    pooling,
     worker_poll_interval,
 )
 from pikku_django.wakeups.listening import (
@@ -61,7 +60,7 @@ __all__ = [
     "idle_listeners",
     "listen_alias",
     "notifies",
-    "pooling",
+    "pooling_of",
     "session_listener",
     "shared_listener",
     "work_listener",

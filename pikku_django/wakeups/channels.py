@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import enum
-from typing import Any
-
-from django.conf import settings
 from django.db import connections
 
 from pikku_django.conf import pikku_settings
+from pikku_django.pooling import Pooling, pooling_of
 
 #: New work: due runs and steps (payload ""), or an intake's items (its payload).
 WORK_CHANNEL = "pikku_work"
@@ -26,27 +23,6 @@ KEYS_WAITING = "pikku.concurrency_keys"
 # -- what a database can do --------------------------------------------------------------
 
 
-class Pooling(enum.StrEnum):
-    """How a database alias reaches its server (``PIKKU["DATABASE_POOLING"]``)."""
-
-    NONE = "none"
-    SESSION = "session"
-    TRANSACTION = "transaction"
-
-
-def pooling(using: str) -> Pooling:
-    """The pooling mode stated for ``using`` (missing or unknown: none). Read from
-    ``settings.PIKKU`` as it is, so that a value of the wrong type reads as none."""
-    stated = _pikku().get("DATABASE_POOLING", {})
-    value = stated.get(using) if isinstance(stated, dict) else None
-    return Pooling(value) if isinstance(value, str) and value in set(Pooling) else Pooling.NONE
-
-
-def _pikku() -> dict[str, Any]:
-    raw = getattr(settings, "PIKKU", None) or {}
-    return raw if isinstance(raw, dict) else {}
-
-
 def notifies(using: str) -> bool:
     """Whether ``using``'s database carries notifications (PostgreSQL's NOTIFY)."""
     return connections[using].vendor == "postgresql"
@@ -61,7 +37,7 @@ def listen_alias(using: str) -> str | None:
     direct = stated.get(using) if isinstance(stated, dict) else None
     if isinstance(direct, str) and direct:
         return direct
-    return None if pooling(using) is Pooling.TRANSACTION else using
+    return None if pooling_of(using) is Pooling.TRANSACTION else using
 
 
 def worker_poll_interval(using: str, configured: float) -> float:

@@ -9,7 +9,8 @@ from django.core import checks
 from django.db import connections
 
 from pikku_django.conf import pikku_settings
-from pikku_django.wakeups.channels import Pooling, listen_alias, notifies, pooling
+from pikku_django.pooling import Pooling, pooling_of
+from pikku_django.wakeups.channels import listen_alias, notifies
 
 
 @checks.register(checks.Tags.compatibility)
@@ -31,7 +32,7 @@ def check_wakeups(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
     serious = any(m.is_serious() for m in messages)
     if serious or alias not in settings.DATABASES or not pikku_settings.WORKER_NOTIFY:
         return messages
-    if not notifies(alias) or pooling(alias) is not Pooling.TRANSACTION:
+    if not notifies(alias) or pooling_of(alias) is not Pooling.TRANSACTION:
         return messages
     through = listen_alias(alias)
     if through is not None:
@@ -85,7 +86,7 @@ def _pair_problems(pooled: Any, direct: Any) -> list[checks.CheckMessage]:
         ]
     elif _name(pooled) != _name(direct):
         problem = f"they name different databases ({_name(pooled)!r}, {_name(direct)!r})"
-    elif pooling(direct) is Pooling.TRANSACTION:
+    elif pooling_of(direct) is Pooling.TRANSACTION:
         problem = f"{direct!r} is itself behind a transaction pooler"
     if problem is None:
         return []

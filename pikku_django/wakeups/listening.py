@@ -14,12 +14,11 @@ from typing import Any, TypeVar
 
 from django.db import connections
 
+from pikku_django.pooling import Pooling, pooling_of
 from pikku_django.wakeups.channels import (
     WORK_CHANNEL,
-    Pooling,
     listen_alias,
     notifies,
-    pooling,
 )
 
 logger = logging.getLogger(__name__)
@@ -263,7 +262,7 @@ def session_listener(connection: Any, channel: str, make: Callable[[], H]) -> H 
     transaction (a LISTEN would count only from its commit), on psycopg 2, or when the
     connection ends with the request (a LISTEN each request would cost more than it saves).
     """
-    if not notifies(connection.alias) or pooling(connection.alias) is Pooling.TRANSACTION:
+    if not notifies(connection.alias) or pooling_of(connection.alias) is Pooling.TRANSACTION:
         return None
     if connection.settings_dict.get("CONN_MAX_AGE") == 0 and not getattr(connection, "pool", None):
         return None

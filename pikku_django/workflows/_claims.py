@@ -1,4 +1,5 @@
-"""Claiming steps and runs: the claim decision, each outcome one guarded UPDATE."""
+"""Claiming steps and runs: what to claim, in which order and how many; whether a
+step is claimable is its store's decision (``WorkflowStore.decide_claim``)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,15 @@ from pikku_django.dbclock import EpochMs
 from pikku_django.models import StepKind, StepStatus, WorkflowStep
 from pikku_django.workflows._rates import grow_slots, maybe_prune, stamp_slots, take_slots
 from pikku_django.workflows._runs import RunStates
-from pikku_django.workflows._timeouts import capped_lease_ms, time_out_lapsed
+from pikku_django.workflows._timeouts import capped_lease_ms, time_out
 from pikku_django.workflows._values import ClaimedStep, DueRun, RunLeaseAsk, default_worker_id
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.errors import (
     NonDeterministicWorkflowError,
     WorkflowStepLeaseExpiredError,
-    serialize_error,
 )
 from pikku_django.workflows.logcontext import workflow_logger
+from pikku_django.workflows.store.decisions import Verdict
 
 logger = workflow_logger(__name__)
 
@@ -90,48 +91,40 @@ class Claims:
     def decide(
         self, step: WorkflowStep, lease_ms: int, worker: str, *, pausable: bool = True
     ) -> ClaimedStep | None:
-        """The claim decision for ``step`` (read with ``store_now``), made by one
-        guarded UPDATE: the claim, or None. A queued step of a paused queue is not
-        claimed, unless not ``pausable`` (an inline run's, which its caller drives)."""
-        pausable = pausable and step.kind == StepKind.QUEUED
-        status, attempt = step.status, step.attempt
-        exhausted = attempt >= step.attempts_allowed
-        if status in (StepStatus.SUCCEEDED, StepStatus.SUSPENDED):
-            return None
-        if status == StepStatus.RUNNING:
-            lease = step.lease_expires_at
-            if lease is None or lease >= step.store_now:  # type: ignore[attr-defined]
-                return None  # live, or parked on a child run
-            if time_out_lapsed(self.store, step, self.clock.now()):
-                return None  # failed as timed out: its retry policy takes it from here
-            lapsed = Q(status=status, attempt=attempt, lease_expires_at__lt=EpochMs())
-            if exhausted:
-                self._fail_lease_expired(step, lapsed)
-                return None
-            return self.new_attempt(
-                step, lapsed, lease_ms=lease_ms, worker=worker, pausable=pausable
-            )
-        due = step.available_at
-        if due is not None and due > self.clock.now():
-            return None  # a retry (or a re-drive) waits for its delay, on every route
-        if status == StepStatus.FAILED and exhausted:
-            return None
-        # failed with an attempt left, pending or scheduled
-        return self.new_attempt(
-            step,
-            Q(status=status, attempt=attempt),
-            lease_ms=lease_ms,
-            worker=worker,
-            pausable=pausable,
-        )
-
-    def new_attempt(
-        self, step: WorkflowStep, guard: Q, *, lease_ms: int, worker: str, pausable: bool = False
-    ) -> ClaimedStep | None:
+        """The claim of ``step`` (read with ``store_now``), as its store decides it; None
+        if not claimed. A queued step of a paused queue is not claimed, unless not
+        ``pausable`` (an inline run's, which its caller drives)."""
         lease_ms = capped_lease_ms(lease_ms, step.timeout)
         claimed_at = time.monotonic()  # before the claim: the worker's deadline is never late
+        now = self.clock.now()
+        got = self.store.decide_claim(
+            step, lease_ms=lease_ms, worker=worker, pausable=pausable, now=now
+        )
+        if got.verdict is Verdict.TIMED_OUT:
+            time_out(self.store, step, now)  # its retry policy takes it from here
+        elif got.verdict is Verdict.EXPIRED and got.won:
+            logger.warning("%s", WorkflowStepLeaseExpiredError(step.name, step.attempts_allowed))
+            self.states.wake(step.run_id)
+        if got.verdict is not Verdict.CLAIM or not got.won:
+            return None
+        return _claimed(
+            step,
+            got.attempt + 1,
+            lease_ms,
+            claimed_at,
+            reclaimed=got.reclaimed,
+            worker=worker,
+            started_at=got.started_at,
+        )
+
+    def claim_inline(self, step: WorkflowStep) -> ClaimedStep | None:
+        """A new attempt of an inline step, whatever its lease (the run lease keeps
+        other passes out)."""
+        lease_ms = capped_lease_ms(self.config.run_lease_ms, step.timeout)
+        claimed_at = time.monotonic()
+        worker = default_worker_id()
         started = self.store.claim_attempt(
-            step, guard, lease_ms=lease_ms, worker=worker, pausable=pausable
+            step, Q(status=step.status, attempt=step.attempt), lease_ms=lease_ms, worker=worker
         )
         if started is None:
             return None
@@ -145,38 +138,6 @@ class Claims:
             worker=worker,
             started_at=started,
         )
-
-    def claim_inline(self, step: WorkflowStep) -> ClaimedStep | None:
-        """A new attempt of an inline step (the run lease keeps other passes out)."""
-        return self.new_attempt(
-            step,
-            Q(status=step.status, attempt=step.attempt),
-            lease_ms=self.config.run_lease_ms,
-            worker=default_worker_id(),
-        )
-
-    def _fail_lease_expired(self, step: WorkflowStep, guard: Q) -> None:
-        exc = WorkflowStepLeaseExpiredError(step.name, step.attempts_allowed)
-        error = serialize_error(exc)
-        with self.store.atomic():
-            won = (
-                self.store.steps()
-                .filter(guard, id=step.id)
-                .update(
-                    status=StepStatus.FAILED,
-                    error=error,
-                    lease_expires_at=None,
-                    available_at=None,
-                    updated_at=timezone.now(),
-                )
-            )
-            if won:
-                self.store.attempts().filter(step_id=step.id, attempt=step.attempt).update(
-                    status=StepStatus.FAILED, error=error, finished_at=timezone.now()
-                )
-        if won:
-            logger.warning("%s", exc)
-            self.states.wake(step.run_id)
 
     def due_runs(self, limit: int = 1) -> list[uuid.UUID]:
         """Runs that need a pass now; each is pushed back by the pass timeout meanwhile."""

@@ -13,9 +13,7 @@ Running Python is not interrupted: the function goes on until it returns.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta
-
-from django.utils import timezone
+from datetime import datetime
 
 from pikku_django.models import StepStatus, WorkflowStep
 from pikku_django.workflows._options import retry_delay_for
@@ -61,21 +59,11 @@ def check_elapsed(step: str, attempt: int, timeout: float | None, began: float) 
         raise StepTimeoutError(step, attempt, timeout)
 
 
-def time_out_lapsed(store: WorkflowStore, step: WorkflowStep, now: datetime) -> bool:
-    """Close the lapsed attempt of ``step`` as timed out if it began at least its
-    timeout ago: whether it was (False: the worker was lost before it, a new
-    attempt follows as usual). Its retry policy decides what comes next: a retry
+def time_out(store: WorkflowStore, step: WorkflowStep, now: datetime) -> None:
+    """Close the lapsed attempt of ``step``, which its store's claim decision found
+    past its timeout, as timed out. Its retry policy decides what comes next: a retry
     after its delay, or (no attempt left) a failed step and its run woken."""
-    if step.timeout is None:
-        return False
-    started = (
-        store.attempts()
-        .filter(step_id=step.id, attempt=step.attempt)
-        .values_list("started_at", flat=True)
-        .first()
-    )
-    if started is not None and started + timedelta(seconds=step.timeout) > timezone.now():
-        return False
+    assert step.timeout is not None
     exc = StepTimeoutError(step.name, step.attempt, step.timeout)
     exhausted = step.attempt >= step.attempts_allowed
     settled = store.settle(
@@ -87,8 +75,7 @@ def time_out_lapsed(store: WorkflowStore, step: WorkflowStep, now: datetime) -> 
         wake=Wake.NOW if exhausted else Wake.NONE,
     )
     if settled is None:
-        return True  # settled meanwhile by its worker: the attempt is over either way
+        return  # settled meanwhile by its worker: the attempt is over either way
     logger.warning("%s (%s)", exc, "no attempts left" if exhausted else "will retry")
     if not exhausted:
         store.notify()
-    return True

@@ -35,6 +35,7 @@ from pikku_django.workflows._values import (
 )
 from pikku_django.workflows.config import EngineConfig, engine_config
 from pikku_django.workflows.queues import Rate
+from pikku_django.workflows.store.decisions import Decision
 from pikku_django.workflows.store.fork import RunForks
 from pikku_django.workflows.store.queue_writes import QueueWrites
 from pikku_django.workflows.store.run_writes import RunWrites
@@ -341,6 +342,16 @@ class WorkflowStore(
         still matches ``guard``, its run is running and (``pausable``) its queue is not
         paused (one guarded UPDATE, and the attempt's history row): when the attempt
         started as recorded, or None when this caller did not win."""
+
+    @abc.abstractmethod
+    def decide_claim(
+        self, step: WorkflowStep, *, lease_ms: int, worker: str, pausable: bool, now: datetime
+    ) -> Decision:
+        """The claim decision for ``step`` (read with ``store_now``), the one rule of
+        this store: if claimable, its next attempt claimed under ``lease_ms`` (if its
+        run is running and, ``pausable`` and queued, its queue not paused); a lapsed
+        claim with no attempt left failed. ``now``: the engine's clock, which retries
+        are due by."""
 
     @abc.abstractmethod
     def refresh_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:

@@ -18,7 +18,6 @@ from django.utils import timezone
 from pikku_django.dbclock import EpochMs
 from pikku_django.models import (
     CLAIMABLE_STATUSES,
-    AttemptStatus,
     QueuePause,
     RunStatus,
     StepKind,
@@ -28,7 +27,8 @@ from pikku_django.models import (
 )
 from pikku_django.workflows._pauses import paused, paused_look, without_paused
 from pikku_django.workflows._values import DueRun, NewStep, NextDue, Settled, Wake
-from pikku_django.workflows.store.base import NewRun, WorkflowStore
+from pikku_django.workflows.store.base import NewRun
+from pikku_django.workflows.store.orm_claims import OrmClaims
 from pikku_django.workflows.store.step_writes import running_attempt
 
 #: The order steps are claimed in: highest priority first, first in first out
@@ -76,7 +76,7 @@ def waiting(now: datetime | None = None) -> Q:
     return q if now is None else q & Q(available_at__gt=now)
 
 
-class OrmStore(WorkflowStore):
+class OrmStore(OrmClaims):
     """Every operation through the ORM."""
 
     vendor = "generic"
@@ -240,47 +240,6 @@ class OrmStore(WorkflowStore):
             .filter(id=run_id, status=RunStatus.RUNNING)
             .update(status=RunStatus.COMPLETED, output=output, wake_at=None, updated_at=now)
         )
-
-    def claim_attempt(
-        self,
-        step: WorkflowStep,
-        guard: Q,
-        *,
-        lease_ms: int,
-        worker: str,
-        pausable: bool = False,
-    ) -> datetime | None:
-        attempt = step.attempt + 1
-        # Only a step of a running run is claimed, by whichever route: a cancelled
-        # (or otherwise settled) run's steps never run again.
-        live_runs = self.runs().filter(status=RunStatus.RUNNING).values("id")
-        now = timezone.now()
-        # Within a claim's transaction no savepoint: a failure here ends that claim.
-        with transaction.atomic(using=self.using, savepoint=False):
-            claimable = self.steps().filter(guard, id=step.id, run_id__in=live_runs)
-            if pausable:
-                claimable = claimable.exclude(paused(self.using))
-            won = claimable.update(
-                status=StepStatus.RUNNING,
-                attempt=attempt,
-                result=None,
-                error=None,
-                available_at=None,
-                lease_expires_at=EpochMs() + lease_ms,
-                updated_at=now,
-            )
-            if not won:
-                return None
-            if step.status == StepStatus.RUNNING:
-                # The attempt whose claim lapsed is closed as replaced, never with an
-                # outcome: whatever it still writes is refused.
-                self.attempts().filter(
-                    step_id=step.id, attempt=step.attempt, status=AttemptStatus.RUNNING
-                ).update(status=AttemptStatus.SUPERSEDED, finished_at=now)
-            row = self.attempts().create(
-                step_id=step.id, attempt=attempt, status=StepStatus.RUNNING, worker=worker[:255]
-            )
-        return row.started_at
 
     def refresh_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:
         expires = None if lease_ms is None else EpochMs() + int(lease_ms)

@@ -16,12 +16,10 @@ from django.db import OperationalError, connections
 from pikku_django.models import WorkflowRun
 from pikku_django.workflows._values import NewStep
 from pikku_django.workflows.config import EngineConfig, engine_config
+from pikku_django.workflows.store.mysql_sql import statement
 from pikku_django.workflows.store.orm import LIMIT_LOCK_WAIT, OrmStore, queue_lock_name
 
 logger = logging.getLogger(__name__)
-
-#: The columns of a run's idempotency key.
-_KEY_FIELDS = ("workflow", "idempotency_key")
 
 #: Seconds a start waits for its key's named lock before it goes on without it: less
 #: than InnoDB's lock wait (50 s by default), so that a transaction starting its own
@@ -42,7 +40,7 @@ def named_lock(using: str, name: str, wait: float = KEY_LOCK_WAIT) -> Iterator[N
     """MariaDB/MySQL's named lock ``name`` held over the block (not transactional:
     released as the block ends); the block runs without it when not had in ``wait``."""
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT GET_LOCK(%s, %s)", [name, wait])
+        cursor.execute(statement("get_lock"), [name, wait])
         row = cursor.fetchone()
         held = bool(row) and row[0] == 1
         if not held:
@@ -52,15 +50,7 @@ def named_lock(using: str, name: str, wait: float = KEY_LOCK_WAIT) -> Iterator[N
         finally:
             if held:
                 with contextlib.suppress(Exception):
-                    cursor.execute("SELECT RELEASE_LOCK(%s)", [name])
-
-
-def _column(field: str) -> str:
-    """The column of ``WorkflowRun``'s ``field``."""
-    found = WorkflowRun._meta.get_field(field)
-    column = getattr(found, "column", None)
-    assert isinstance(column, str)
-    return column
+                    cursor.execute(statement("release_lock"), [name])
 
 
 class SqliteStore(OrmStore):
@@ -105,13 +95,9 @@ class MysqlStore(OrmStore):
         # A shared lock, not FOR UPDATE: every start that found the key taken holds a
         # shared lock on it already (its insert took it), and raising those to
         # exclusive ones deadlocks them with each other.
-        quote = connections[self.using].ops.quote_name
-        workflow_col, key_col = (quote(_column(field)) for field in _KEY_FIELDS)
         found = list(
             WorkflowRun.objects.db_manager(self.using).raw(
-                f"SELECT * FROM {quote(WorkflowRun._meta.db_table)} WHERE {workflow_col} = %s "
-                f"AND {key_col} = %s LOCK IN SHARE MODE",
-                [workflow, idempotency_key],
+                statement("keyed_run_shared"), [workflow, idempotency_key]
             )
         )
         if not found:
@@ -129,7 +115,7 @@ class MysqlStore(OrmStore):
         with connections[self.using].cursor() as cursor:
             try:
                 for name in names:
-                    cursor.execute("SELECT GET_LOCK(%s, %s)", [name, LIMIT_LOCK_WAIT])
+                    cursor.execute(statement("get_lock"), [name, LIMIT_LOCK_WAIT])
                     row = cursor.fetchone()
                     if not row or row[0] != 1:
                         raise OperationalError(f"Timed out waiting for the claim lock {name}")
@@ -139,7 +125,7 @@ class MysqlStore(OrmStore):
             finally:
                 for name in reversed(taken):
                     with contextlib.suppress(Exception):
-                        cursor.execute("SELECT RELEASE_LOCK(%s)", [name])
+                        cursor.execute(statement("release_lock"), [name])
 
     def as_stored(self, step_id: int, field: str, value: Any) -> Any:
         # MySQL's JSON type reorders keys and normalises numbers; MariaDB keeps the text.
