@@ -94,12 +94,7 @@ ROWS = frozenset(
 
 #: Modules whose writes are being moved into the store in parallel work; each is
 #: removed from here once its writes are store operations. Emptied at merge.
-PENDING = frozenset(
-    {
-        # Claims: the lapsed-lease failure moves into the store with the claim SQL.
-        "workflows/_claims.py",
-    }
-)
+PENDING: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
