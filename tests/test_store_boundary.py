@@ -92,8 +92,8 @@ ROWS = frozenset(
     }
 )
 
-#: Modules whose writes are being moved into the store in parallel work; each is
-#: removed from here once its writes are store operations. Emptied at merge.
+#: Modules let off while their writes move into the store, each named with what is
+#: left to move (none now); one leaves once it no longer writes.
 PENDING: frozenset[str] = frozenset()
 
 
