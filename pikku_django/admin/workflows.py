@@ -67,6 +67,7 @@ from pikku_django.admin.steps import (
 )
 from pikku_django.models import StepAttempt, WorkflowRun
 from pikku_django.models.workflows import WorkflowRunQuerySet
+from pikku_django.workflows.store import store_for
 
 logger = logging.getLogger(__name__)
 
@@ -233,6 +234,14 @@ class WorkflowRunAdmin(
             perms_needed.add(str(self.opts.verbose_name))
         protected = [str(obj) for obj in collector.protected]
         return to_delete, model_count, perms_needed, protected
+
+    def delete_model(self, request: HttpRequest, obj: WorkflowRun) -> None:
+        """Delete the run (a finished one) through the workflow store."""
+        store_for(obj._state.db or workflow_database()).delete_runs([obj.pk])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
+        """Delete the selected runs through the workflow store."""
+        store_for(queryset.db).delete_runs(list(queryset.values_list("pk", flat=True)))
 
     # -- the list ----------------------------------------------------------------------
 

@@ -23,9 +23,16 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from pikku_django.dbclock import EpochMs
-from pikku_django.models import AttemptStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models import (
+    AttemptStatus,
+    Backoff,
+    StepKind,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+)
 from pikku_django.workflows import registry
+from pikku_django.workflows._values import NewStep
 from pikku_django.workflows.engine import ClaimedStep, WorkflowEngine
 from pikku_django.workflows.errors import (
     StepFunctionNotFoundError,
@@ -48,22 +55,27 @@ def _charge_card(data: Any) -> Any:
 
 def start_run(engine: WorkflowEngine) -> WorkflowRun:
     """A running run with one queued step, never claimed, allowed 5 retries."""
-    run = engine.runs().create(workflow="pikku.testing.fenced", input={})
-    engine.steps().create(
-        run=run,
+    run = WorkflowRun(workflow="pikku.testing.fenced", input={})
+    step = NewStep(
+        run_id=run.id,
         name=STEP,
         kind=StepKind.QUEUED,
         function=RPC,
         input={},
-        status=StepStatus.PENDING,
         retries=5,
+        retry_delay=0,
+        backoff=Backoff.FIXED,
+        queue="default",
+        transactional=False,
     )
+    engine.store.create_run(run, step, None)
     return run
 
 
 def lapse_lease(engine: WorkflowEngine, run: WorkflowRun) -> None:
     """Make the step's lease read as lapsed on the store's clock, as if its worker died."""
-    engine.steps().filter(run=run, name=STEP).update(lease_expires_at=EpochMs() - 1)
+    step = step_of(engine, run)
+    assert engine.store.refresh_lease(step.id, -1, step.attempt), "the step is not running"
 
 
 def claim(engine: WorkflowEngine, run: WorkflowRun) -> ClaimedStep | None:

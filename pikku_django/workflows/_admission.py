@@ -115,11 +115,7 @@ def admit(store: WorkflowStore, limit: int, now: datetime | None = None) -> int:
             if state.free <= 0:
                 continue
             ids = [run_id for run_id, _ in _head(store, key, state.free, now)]
-            made = (
-                store.runs()
-                .filter(id__in=ids, key_waiting=True, status=RunStatus.RUNNING)
-                .update(key_waiting=False, wake_at=now, updated_at=timezone.now())
-            )
+            made = store.admit_runs(ids, now)
             admitted += made
             logger.debug("Key %r: %d run(s) admitted, %d in progress", key, made, state.in_progress)
         if admitted:

@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import F
-
-from pikku_django.models import StepAttempt, StepKind, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models import WorkflowRun, WorkflowStep
 from pikku_django.workflows._recorder import StepRecorder
 from pikku_django.workflows._runs import LEASE_TAKEN_RETRY
 from pikku_django.workflows._values import Pause
+from pikku_django.workflows.store.run_writes import ChildBranch
 
 #: The most branches one transaction writes.
 BATCH = 100
@@ -44,14 +43,10 @@ def store_children(recorder: StepRecorder, group: WorkflowStep, new: list[NewChi
 
 def _write(recorder: StepRecorder, group: WorkflowStep, new: list[NewChild]) -> list[WorkflowStep]:
     run, store, clock = recorder.run, recorder.store, recorder.clock
-    names = [child.name for child in new]
-    with store.atomic():
-        # The group's row first: it is the one row every child's end updates.
-        store.steps().filter(id=group.id).update(open_branches=F("open_branches") + len(new))
-        if store.steps().filter(run_id=run.id, name__in=names).exists():
-            raise _StoredElsewhere
-        wake_at = None if run.inline else clock.now()
-        runs = [
+    wake_at = None if run.inline else clock.now()
+    branches = [
+        ChildBranch(
+            child.name,
             WorkflowRun(
                 workflow=child.workflow,
                 input=child.input,
@@ -59,30 +54,16 @@ def _write(recorder: StepRecorder, group: WorkflowStep, new: list[NewChild]) -> 
                 priority=run.priority,
                 wake_at=wake_at,
                 trace_context=run.trace_context,
-            )
-            for child in new
-        ]
-        store.runs().bulk_create(runs)
-        store.steps().bulk_create(
-            WorkflowStep(
-                run_id=run.id,
-                name=child.name,
-                kind=StepKind.CHILD,
-                function=child.workflow,
-                input=child.input,
-                status=StepStatus.RUNNING,
-                attempt=1,
-                retries=0,
-                priority=run.priority,
-                child_run_id=child_run.id,
-                group_id=group.id,
-            )
-            for child, child_run in zip(new, runs, strict=True)
+            ),
         )
-        steps = list(store.steps().filter(run_id=run.id, name__in=names))
-        store.attempts().bulk_create(StepAttempt(step_id=step.id, attempt=1) for step in steps)
-        for child_run in runs:
-            recorder.states.events.run_started(child_run, parent_run_id=run.id)
+        for child in new
+    ]
+    with store.atomic():
+        steps = store.add_branches(run.id, group.id, branches, run.priority)
+        if steps is None:
+            raise _StoredElsewhere
+        for branch in branches:
+            recorder.states.events.run_started(branch.run, parent_run_id=run.id)
         store.notify()
     return steps
 

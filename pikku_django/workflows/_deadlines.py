@@ -17,10 +17,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F, Q
-from django.db.models.functions import Greatest
-from django.utils import timezone
-
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowStep
 from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows.errors import (
@@ -31,10 +27,9 @@ from pikku_django.workflows.errors import (
 )
 from pikku_django.workflows.logcontext import log_context, workflow_logger
 from pikku_django.workflows.store import WorkflowStore
+from pikku_django.workflows.store.run_writes import OPEN_RUN
 
 logger = workflow_logger(__name__)
-
-OPEN_RUN = (RunStatus.RUNNING, RunStatus.SUSPENDED)
 
 
 def overdue_runs(store: WorkflowStore, now: datetime, limit: int) -> list[uuid.UUID]:
@@ -81,15 +76,6 @@ def next_deadline(store: WorkflowStore) -> datetime | None:
     return min((t for t in (deadline, timeout) if t is not None), default=None)
 
 
-def _waiting_steps() -> Q:
-    """A step that may still run or settle: its run's end must stop it."""
-    return (
-        Q(status__in=(StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.RUNNING))
-        | Q(status=StepStatus.SUSPENDED)
-        | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1)
-    )
-
-
 class RunDeadlines:
     """Fails runs past their deadline and times out suspensions."""
 
@@ -126,83 +112,30 @@ class RunDeadlines:
         if run is None or run.deadline_at is None:
             return False
         error = serialize_error(WorkflowTimeoutError(run.id, run.deadline_at.isoformat()))
-        stamp = timezone.now()
         with self.store.atomic():
-            changed = (
-                self.store.runs()
-                .filter(id=run.id, status__in=OPEN_RUN, deadline_at__lte=now)
-                .update(
-                    status=RunStatus.FAILED,
-                    error=error,
-                    suspend_reason="",
-                    wake_at=None,
-                    updated_at=stamp,
-                )
-            )
-            if not changed:
+            steps = self.store.fail_overdue_run(run.id, now, error)
+            if steps is None:
                 return False
-            waiting = self.store.steps().filter(_waiting_steps(), run_id=run.id)
-            steps = list(waiting.values_list("id", "attempt", "kind", "child_run_id"))
-            waiting.update(
-                status=StepStatus.FAILED,
-                error=error,
-                # No attempt left, also for a step that never had one.
-                attempt=Greatest(F("attempt"), 1),
-                retries=Greatest(F("attempt"), 1) - 1,
-                lease_expires_at=None,
-                available_at=None,
-                updated_at=stamp,
-            )
-            for step_id, attempt, _kind, _child in steps:
-                self.store.attempts().filter(
-                    step_id=step_id, attempt=attempt, status=StepStatus.RUNNING
-                ).update(status=StepStatus.FAILED, error=error, finished_at=stamp)
             self.states.settle_parents(run.id, RunStatus.FAILED, None, error)
             self.states.events.run_finished(run, RunStatus.FAILED, error)
         with log_context(workflow=run.workflow, run_id=str(run.id)):
             logger.warning("Run failed: passed its deadline of %s", run.deadline_at.isoformat())
-        for _step_id, _attempt, kind, child in steps:
-            if kind == StepKind.CHILD and child is not None:
+        for step in steps:
+            if step.kind == StepKind.CHILD and step.child_run_id is not None:
                 with contextlib.suppress(WorkflowRunStateError):  # ended meanwhile
-                    self._cancel(child)
+                    self._cancel(step.child_run_id)
         return True
 
     def time_out_suspension(self, step: WorkflowStep, now: datetime) -> bool:
         """Fail a suspension past its timeout and set its run running again."""
         error = serialize_error(SuspendTimeoutError(step.name, step.timeout or 0.0))
         with self.store.atomic():
-            won = (
-                self.store.steps()
-                .filter(id=step.id, status=StepStatus.SUSPENDED, available_at__lte=now)
-                .update(
-                    status=StepStatus.FAILED,
-                    error=error,
-                    attempt=1,
-                    retries=0,
-                    updated_at=timezone.now(),
-                )
-            )
-            if not won:
+            if not self.store.time_out_suspension(step.id, now, error):
                 return False
-            self.store.attempts().update_or_create(
-                step_id=step.id,
-                attempt=1,
-                defaults={
-                    "status": StepStatus.FAILED,
-                    "error": error,
-                    "finished_at": timezone.now(),
-                },
-            )
             run = self.store.runs().filter(id=step.run_id).first()
             if run is None:
                 return True
-            self.store.runs().filter(id=run.id, status=RunStatus.SUSPENDED).update(
-                status=RunStatus.RUNNING,
-                suspend_reason="",
-                wake_at=None if run.inline else self.clock.now(),
-                wakes=F("wakes") + 1,
-                updated_at=timezone.now(),
-            )
+            self.store.resume_run(run.id, None if run.inline else self.clock.now())
             self.store.notify()
         with log_context(workflow=run.workflow, run_id=str(run.id)):
             logger.info("Suspension %s timed out: the run goes on", step.name)

@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError
-from django.utils import timezone
 
 from pikku_django.models import RunStatus, WorkflowRun
 from pikku_django.workflows import registry
@@ -97,16 +96,10 @@ def _debounced_start(
                 and existing.wake_at == existing.start_at  # no worker has claimed it
             )
             if waiting:
-                runs.filter(id=existing.id).update(
-                    input=payload,
-                    start_at=options.start_at,
-                    wake_at=options.start_at,
-                    deadline_at=options.deadline_at,
-                    updated_at=timezone.now(),
-                )
+                store.rewindow_run(existing.id, payload, options.start_at, options.deadline_at)
             else:
                 # Its run began (or ended): free the key for a new run.
-                runs.filter(id=existing.id).update(idempotency_key=None)
+                store.free_key(existing.id)
         if waiting:
             logger.debug("Debounced start of %s: run %s waits on", workflow, existing.id)
             return runs.get(id=existing.id), False

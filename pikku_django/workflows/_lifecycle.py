@@ -10,8 +10,6 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError
-from django.db.models import Case, F, When
-from django.utils import timezone
 
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.wakeups import announce_run_end
@@ -129,18 +127,7 @@ class RunLifecycle:
         payload = to_json(data, "The resume data")
         run = self.get(run_id)
         with self.store.atomic():
-            changed = (
-                self.store.runs()
-                .filter(id=run.id, status=RunStatus.SUSPENDED)
-                .update(
-                    status=RunStatus.RUNNING,
-                    suspend_reason="",
-                    wake_at=None if run.inline else self.clock.now(),
-                    wakes=F("wakes") + 1,
-                    updated_at=timezone.now(),
-                )
-            )
-            if not changed:
+            if not self.store.resume_run(run.id, None if run.inline else self.clock.now()):
                 run.refresh_from_db()
                 raise WorkflowRunStateError(
                     f"Run {run.id} is {run.status}, not suspended: only a suspended run resumes"
@@ -151,12 +138,7 @@ class RunLifecycle:
                     self.states.finish_marker(step, StepStatus.SUCCEEDED, result=payload)
                 else:
                     # A function that was missing: hand the step to a worker again.
-                    self.store.steps().filter(id=step.id, status=StepStatus.SUSPENDED).update(
-                        status=StepStatus.SCHEDULED,
-                        available_at=now,
-                        error=None,
-                        updated_at=timezone.now(),
-                    )
+                    self.store.reschedule_suspended(step.id, now)
             self.store.notify()
         logger.info("Resumed workflow run %s", run.id)
         return run
@@ -166,12 +148,7 @@ class RunLifecycle:
         and whether this call cancelled it (False: it was cancelled already)."""
         run = self.get(run_id)
         with self.store.atomic():
-            changed = (
-                self.store.runs()
-                .filter(id=run.id, status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED))
-                .update(status=RunStatus.CANCELLED, wake_at=None, updated_at=timezone.now())
-            )
-            if not changed:
+            if not self.store.cancel_run(run.id):
                 run.refresh_from_db()
                 if run.status == RunStatus.CANCELLED:
                     return run, False
@@ -209,22 +186,8 @@ class RunLifecycle:
     def _reopen_failed_run(self, run: WorkflowRun) -> list[str]:
         """Set a failed run running again and reopen its failed steps: their names."""
         now = self.clock.now()
-        changed = (
-            self.store.runs()
-            .filter(id=run.id, status=RunStatus.FAILED)
-            .update(
-                status=RunStatus.RUNNING,
-                output=None,
-                error=None,
-                suspend_reason="",
-                # A deadline already past is dropped: the retry would fail at once.
-                deadline_at=Case(When(deadline_at__lte=now, then=None), default=F("deadline_at")),
-                wake_at=None if run.inline else now,
-                wakes=F("wakes") + 1,
-                updated_at=timezone.now(),
-            )
-        )
-        if not changed:
+        # A deadline already past is dropped: the retry would fail at once.
+        if not self.store.reopen_run(run.id, now, None if run.inline else now):
             current = self.get(run.id)
             raise WorkflowRunStateError(
                 f"Run {run.id} is {current.status}, not failed: only a failed run is retried"
@@ -260,17 +223,7 @@ class RunLifecycle:
         if step.kind == StepKind.CHILD:
             self._reopen_child_step(step)
             return
-        won = (
-            self.store.steps()
-            .filter(id=step.id, status=StepStatus.FAILED, attempt=step.attempt)
-            .update(
-                retries=step.attempt,  # attempt < retries + 1: claimable once more
-                available_at=now,
-                lease_expires_at=None,
-                updated_at=timezone.now(),
-            )
-        )
-        if not won:
+        if not self.store.reopen_step(step.id, step.attempt, now):
             raise _changed_meanwhile(step)
 
     def _reopen_child_step(self, step: WorkflowStep) -> None:
@@ -284,22 +237,8 @@ class RunLifecycle:
                 "it cannot be retried; start a new run"
             )
         attempt = step.attempt + 1
-        won = (
-            self.store.steps()
-            .filter(id=step.id, status=StepStatus.FAILED, attempt=step.attempt)
-            .update(
-                status=StepStatus.RUNNING,
-                attempt=attempt,
-                retries=step.retries + 1,
-                result=None,
-                error=None,
-                lease_expires_at=None,  # parked on its child run, as when it started
-                updated_at=timezone.now(),
-            )
-        )
-        if not won:
+        if not self.store.reopen_child_step(step.id, step.attempt, step.retries + 1):
             raise _changed_meanwhile(step)
-        self.store.attempts().create(step_id=step.id, attempt=attempt, status=StepStatus.RUNNING)
         step.status, step.attempt, step.retries = StepStatus.RUNNING, attempt, step.retries + 1
         if child.status == RunStatus.FAILED:
             self._reopen_failed_run(child)

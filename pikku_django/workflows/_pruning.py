@@ -12,15 +12,15 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Exists, F, Lookup, Model, OuterRef, QuerySet
-from django.db.models.deletion import Collector
+from django.db.models import Exists, F, Lookup, OuterRef, QuerySet
 
 from pikku_django.models import TERMINAL_RUN_STATUSES, WebhookReceipt, WorkflowRun, WorkflowStep
+from pikku_django.workflows.store import store_for
 
 logger = logging.getLogger("pikku_django.prune")
 
@@ -84,36 +84,14 @@ def settled_runs(
     return runs.order_by("status", "updated_at")
 
 
-class _UnorderedCollector(Collector):
-    """Django's deletion collector, its looks for related rows left unordered.
-
-    Each model's default ordering would otherwise join the look to other tables
-    and sort it: a step's is its run's, so the steps of a batch were sorted by
-    joining them to every run.
-    """
-
-    def related_objects(
-        self, related_model: type[Model], related_fields: Iterable[Any], objs: Any
-    ) -> QuerySet[Any]:
-        return super().related_objects(related_model, related_fields, objs).order_by()
-
-
-def delete_runs(using: str, ids: Sequence[uuid.UUID]) -> int:
-    """Delete the runs ``ids`` with their steps, attempts and events: how many runs."""
-    runs = WorkflowRun.objects.using(using).filter(pk__in=ids).only("pk").order_by()
-    collector = _UnorderedCollector(using=using, origin=runs)
-    collector.collect(runs)
-    _, per_model = collector.delete()
-    return per_model.get(WorkflowRun._meta.label, 0)
-
-
 def delete_runs_and_leases(using: str, ids: Sequence[uuid.UUID]) -> int:
-    """:func:`delete_runs`, and the run leases of those runs: nothing takes them again.
-    In the caller's transaction when leases are kept in the same database."""
+    """Delete the runs ``ids`` with their steps, attempts and events, and their run
+    leases (nothing takes them again): how many runs. In the caller's transaction
+    when leases are kept in the same database."""
     from pikku_django.leases import get_lease_service
     from pikku_django.workflows.engine import run_lease_key
 
-    deleted = delete_runs(using, ids)
+    deleted = store_for(using).delete_runs(ids)
     get_lease_service().forget([run_lease_key(i) for i in ids])
     return deleted
 

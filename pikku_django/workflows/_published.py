@@ -11,7 +11,6 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import F
 
 from pikku_django.models import StepKind, StepStatus
 from pikku_django.workflows._inline_steps import fresh
@@ -45,7 +44,7 @@ def set_event(ctx: StepCalls, name: str, value: Any) -> None:
     run = recorder.run
     with store.atomic():
         # The run's row lock: two passes of one run never lose each other's values.
-        store.runs().filter(id=run.id).update(wakes=F("wakes"))
+        store.lock_run(run.id)
         step = recorder.inline.create(
             run,
             name=step_name,
@@ -57,10 +56,7 @@ def set_event(ctx: StepCalls, name: str, value: Any) -> None:
             attempt=1,
             retries=0,
         )
-        current = store.runs().filter(id=run.id).values_list("published", flat=True).first()
-        values = dict(current) if isinstance(current, dict) else {}
-        values[name] = step.result
-        store.runs().filter(id=run.id).update(published=values)
+        values = store.publish(run.id, name, step.result)
     run.published = values
     recorder.remember(step)
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 import random
 from collections.abc import Collection, Sequence
 
-from django.db.models import BigIntegerField, ExpressionWrapper, Max, Value
+from django.db.models import ExpressionWrapper, Max
 from django.db.models.expressions import CombinedExpression
 
-from pikku_django.dbclock import EpochMs
 from pikku_django.models import QueueClaim
 from pikku_django.workflows.queues import Rate
 from pikku_django.workflows.store import WorkflowStore
+from pikku_django.workflows.store.queue_writes import period_start
 
 #: About one look at a queue's rate in this many deletes the slots that no longer
 #: belong to a rate.
@@ -37,9 +37,7 @@ GROW_AT_LEAST = 16
 
 def _period_start(rate: Rate) -> ExpressionWrapper[CombinedExpression]:
     """The store's now less one period, in epoch ms."""
-    return ExpressionWrapper(
-        EpochMs() - Value(int(rate.per_seconds * 1000)), output_field=BigIntegerField()
-    )
+    return period_start(rate.per_seconds)
 
 
 def take_slots(store: WorkflowStore, queue: str, rate: Rate, wanted: int) -> list[int]:
@@ -87,21 +85,14 @@ def grow_slots(store: WorkflowStore, queue: str, rate: Rate) -> bool:
     if first >= rate.count:
         return False
     last = min(rate.count, first + max(GROW_AT_LEAST, first))
-    QueueClaim.objects.using(store.using).bulk_create(
-        [QueueClaim(queue=queue, slot=n, claimed_ms=0) for n in range(first, last)],
-        batch_size=1000,
-        ignore_conflicts=True,
-    )
+    store.add_rate_slots(queue, range(first, last))
     return True
 
 
 def stamp_slots(store: WorkflowStore, slot_ids: Collection[int]) -> None:
     """Mark the slots (locked by :func:`take_slots`) as used by a claim now, on the
     store's clock: after the claim, so the next use of each is a period later still."""
-    if slot_ids:
-        QueueClaim.objects.using(store.using).filter(id__in=list(slot_ids)).update(
-            claimed_ms=EpochMs()
-        )
+    store.stamp_rate_slots(slot_ids)
 
 
 def maybe_prune(store: WorkflowStore, queue: str, rate: Rate) -> int:
@@ -114,10 +105,7 @@ def maybe_prune(store: WorkflowStore, queue: str, rate: Rate) -> int:
 def prune_claims(store: WorkflowStore, queue: str, rate: Rate) -> int:
     """Delete ``queue``'s slots numbered past its rate's count (the count was lowered)
     that no claim used in the last period: how many."""
-    old = QueueClaim.objects.using(store.using).filter(
-        queue=queue, slot__gte=rate.count, claimed_ms__lte=_period_start(rate)
-    )
-    return int(old.delete()[0])
+    return store.drop_rate_slots(queue, rate.count, rate.per_seconds)
 
 
 def recent_claims(store: WorkflowStore, queue: str, rate: Rate) -> int:

@@ -237,7 +237,7 @@ class StepRecorder:
             if step.child_run_id is None:
                 definition = registry.get_workflow(workflow)
                 timeout = definition.timeout if definition is not None else None
-                child = self.store.runs().create(
+                child = WorkflowRun(
                     workflow=workflow,
                     input=payload,
                     inline=self.run.inline,
@@ -250,10 +250,9 @@ class StepRecorder:
                     trace_context=self.run.trace_context,
                     version=_version_of(workflow),
                 )
+                self.store.attach_child(step.id, child)
                 self.states.events.run_started(child, parent_run_id=self.run.id)
-                self.store.steps().filter(id=step.id).update(child_run=child)
                 step.child_run_id = child.id
-                self.store.attempts().get_or_create(step_id=step.id, attempt=1)
                 self.store.notify()
         self.remember(step)
         return step

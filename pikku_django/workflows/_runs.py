@@ -9,8 +9,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError
-from django.db.models import F
-from django.utils import timezone
 
 from pikku_django.leases.base import Lease
 from pikku_django.models import RunStatus, StepKind, StepStatus, WorkflowRun, WorkflowStep
@@ -49,20 +47,13 @@ class RunStates:
 
     def wake(self, run_id: uuid.UUID, at: datetime | None = None) -> None:
         """Mark a running run as needing a pass (now, or at ``at``)."""
-        changed = (
-            self.store.runs()
-            .filter(id=run_id, status=RunStatus.RUNNING)
-            .update(wake_at=at or self.clock.now(), wakes=F("wakes") + 1, updated_at=timezone.now())
-        )
-        if changed:
+        if self.store.wake_run(run_id, at or self.clock.now()):
             self.store.notify()
 
     def wake_soon(self, run_id: uuid.UUID, after: timedelta = LEASE_TAKEN_RETRY) -> None:
         """Wake a run ``after`` from now (a second by default): spends no retry budget."""
         try:
-            self.store.runs().filter(id=run_id, status=RunStatus.RUNNING).update(
-                wake_at=self.clock.now() + after, wakes=F("wakes") + 1
-            )
+            self.store.wake_run(run_id, self.clock.now() + after)
         except DatabaseError:
             logger.exception(
                 "Could not reschedule run %s; its pass timeout or the recovery sweep will",
@@ -71,24 +62,13 @@ class RunStates:
 
     def park(self, run: WorkflowRun, seen_wakes: int, wake_at: datetime | None) -> None:
         """Record when the run next needs a pass, unless something woke it meanwhile."""
-        self.store.runs().filter(id=run.id, status=RunStatus.RUNNING, wakes=seen_wakes).update(
-            wake_at=None if run.inline else wake_at, pass_errors=0, updated_at=timezone.now()
-        )
+        self.store.park_run(run.id, seen_wakes, None if run.inline else wake_at)
 
     def count_pass_error(self, run_id: uuid.UUID) -> int | None:
         """Count one more pass that a data or programming error ended: how many in a
         row now (None if the run is no longer running, or the count failed too)."""
         try:
-            with self.store.atomic():
-                changed = (
-                    self.store.runs()
-                    .filter(id=run_id, status=RunStatus.RUNNING)
-                    .update(pass_errors=F("pass_errors") + 1)
-                )
-                if not changed:
-                    return None
-                found = self.store.runs().filter(id=run_id).values_list("pass_errors", flat=True)
-                return int(found.get())
+            return self.store.count_pass_error(run_id)
         except DatabaseError:
             logger.exception("Could not count the failed pass of run %s", run_id)
             return None
@@ -155,17 +135,7 @@ class RunStates:
 
     def _end_in_transaction(self, run_id: uuid.UUID, status: str, output: Any, error: Any) -> bool:
         with self.store.atomic():
-            changed = bool(
-                self.store.runs()
-                .filter(id=run_id, status=RunStatus.RUNNING)
-                .update(
-                    status=status,
-                    output=output,
-                    error=error,
-                    wake_at=None,
-                    updated_at=timezone.now(),
-                )
-            )
+            changed = self.store.end_run(run_id, RunStatus(status), output, error)
             if changed:
                 self.settle_parents(run_id, status, output, error)
         return changed
@@ -201,16 +171,7 @@ class RunStates:
     def suspend(self, run: WorkflowRun, reason: str) -> None:
         """Suspend a running run with ``reason`` (made storable: it may quote an error)."""
         reason = storable_text(reason)
-        changed = (
-            self.store.runs()
-            .filter(id=run.id, status=RunStatus.RUNNING)
-            .update(
-                status=RunStatus.SUSPENDED,
-                suspend_reason=reason,
-                wake_at=None,
-                updated_at=timezone.now(),
-            )
-        )
+        changed = self.store.suspend_run(run.id, reason)
         if changed:
             with log_context(workflow=run.workflow, run_id=str(run.id)):
                 logger.info("Run suspended: %s", reason or "(no reason given)")
@@ -235,27 +196,14 @@ class RunStates:
         final: bool = False,
     ) -> None:
         """Settle a step that has no worker attempt of its own (sleep, suspend, child)."""
-        with self.store.atomic():
-            attempt = max(step.attempt, 1)
-            self.store.steps().filter(id=step.id).exclude(status=StepStatus.SUCCEEDED).update(
-                status=status,
-                result=result,
-                error=error,
-                attempt=attempt,
-                lease_expires_at=None,
-                retries=0 if final else step.retries,
-                updated_at=timezone.now(),
-            )
-            self.store.attempts().update_or_create(
-                step_id=step.id,
-                attempt=attempt,
-                defaults={
-                    "status": status,
-                    "result": result,
-                    "error": error,
-                    "finished_at": timezone.now(),
-                },
-            )
+        self.store.settle_marker(
+            step.id,
+            max(step.attempt, 1),
+            StepStatus(status),
+            result=result,
+            error=error,
+            retries=0 if final else step.retries,
+        )
 
     def inline_root(self, run_id: uuid.UUID) -> uuid.UUID:
         """The top run of the tree of parent runs that ``run_id`` is a child of."""

@@ -27,7 +27,7 @@ def version_admitted(
     this code does not carry is left to the workers that carry it."""
     if not run.version:
         if definition.version:  # (a workflow without versions, e.g. a task's, has none)
-            states.store.runs().filter(id=run.id, version="").update(version=definition.version)
+            states.store.record_version(run.id, definition.version)
             run.version = definition.version
         return True
     return not carried_only or run.version in definition.carried_versions

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import enum
 import logging
-import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import connections, transaction
 
 from pikku_django.models import QueuePause
 from pikku_django.workflows._pauses import paused_look
@@ -107,22 +106,18 @@ def pause_queue(
     paused keeps its pause as it was (:attr:`PauseChange.ALREADY_PAUSED`)."""
     queue = _checked_name(queue)
     alias = _database(using)
-    rows = QueuePause.objects.using(alias)
-    try:
-        with transaction.atomic(using=alias):
-            row = rows.create(queue=queue, reason=str(reason), paused_by=str(paused_by)[:150])
-    except IntegrityError:
-        existing = rows.filter(queue=queue).first()
-        if existing is not None:
-            return QueuePauseResult(PauseChange.ALREADY_PAUSED, PausedQueue.of(existing))
-        raise
+    store = store_for(alias)
+    added = store.add_pause(queue, str(reason), str(paused_by))
+    if not added.added:
+        return QueuePauseResult(PauseChange.ALREADY_PAUSED, PausedQueue.of(added.row))
     paused_look.forget(alias)
-    pause = PausedQueue.of(row)
+    pause = PausedQueue.of(added.row)
     logger.info("Queue %r paused by %s: %s", queue, paused_by or "-", reason or "-")
     if connections[alias].in_atomic_block:
-        transaction.on_commit(lambda: _settle(alias), using=alias)
+        transaction.on_commit(lambda: store.await_open_transactions(SETTLE_SECONDS), using=alias)
         return QueuePauseResult(PauseChange.PAUSED, pause, settled=None)
-    return QueuePauseResult(PauseChange.PAUSED, pause, settled=_settle(alias))
+    settled = store.await_open_transactions(SETTLE_SECONDS)
+    return QueuePauseResult(PauseChange.PAUSED, pause, settled=settled)
 
 
 def resume_queue(queue: str, *, using: str | None = None) -> QueuePauseResult:
@@ -131,10 +126,11 @@ def resume_queue(queue: str, *, using: str | None = None) -> QueuePauseResult:
     paused is left as it is (:attr:`PauseChange.NOT_PAUSED`)."""
     queue = _checked_name(queue)
     alias = _database(using)
-    with transaction.atomic(using=alias):
-        deleted, _ = QueuePause.objects.using(alias).filter(queue=queue).delete()
+    store = store_for(alias)
+    with store.atomic():
+        deleted = store.remove_pause(queue)
         if deleted:
-            store_for(alias).notify()  # sent as this commits
+            store.notify()  # sent as this commits
     paused_look.forget(alias)
     if not deleted:
         return QueuePauseResult(PauseChange.NOT_PAUSED, None)
@@ -146,61 +142,6 @@ def paused_queues(using: str | None = None) -> list[PausedQueue]:
     """The paused queues, by name."""
     rows = QueuePause.objects.using(_database(using)).order_by("queue")
     return [PausedQueue.of(row) for row in rows]
-
-
-#: The transactions open on the connection's database but its own, by vendor: each
-#: row names one (a process and when its transaction began, or InnoDB's id for it).
-_OPEN_TRANSACTIONS = {
-    "postgresql": (
-        "SELECT pid, xact_start FROM pg_stat_activity WHERE datname = current_database() "
-        "AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
-        "AND xact_start IS NOT NULL AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)"
-    ),
-    "mysql": (
-        "SELECT t.trx_id, t.trx_mysql_thread_id, t.trx_started "
-        "FROM information_schema.INNODB_TRX t "
-        "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
-        "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() AND p.DB = DATABASE()"
-    ),
-}
-
-
-def _settle(using: str) -> bool:
-    """Wait until the transactions open on ``using``'s database as this is called
-    (other than this connection's) have ended, up to :data:`SETTLE_SECONDS`: a claim
-    that read the pause table before the pause committed commits before this returns.
-    Whether they all had (SQLite, whose writers take turns, needs no wait)."""
-    connection = connections[using]
-    sql = _OPEN_TRANSACTIONS.get(connection.vendor)
-    if sql is None:
-        return True
-    deadline = time.monotonic() + SETTLE_SECONDS
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(sql)
-            waited = {tuple(row) for row in cursor.fetchall()}
-            while waited:
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.01)
-                cursor.execute(sql)
-                waited &= {tuple(row) for row in cursor.fetchall()}
-            else:
-                return True
-    except DatabaseError:
-        logger.warning(
-            "Could not see the transactions in flight on %r (on MariaDB this needs the "
-            "PROCESS privilege): a claim begun before the pause may still commit",
-            using,
-            exc_info=True,
-        )
-        return False
-    logger.warning(
-        "Transactions begun before the pause were still open after %gs: a claim among "
-        "them may still commit",
-        SETTLE_SECONDS,
-    )
-    return False
 
 
 __all__ = [

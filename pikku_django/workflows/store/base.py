@@ -38,6 +38,8 @@ from pikku_django.workflows.queues import Rate
 from pikku_django.workflows.store.bulk_starts import BulkStarts
 from pikku_django.workflows.store.decisions import Decision
 from pikku_django.workflows.store.fork import RunForks
+from pikku_django.workflows.store.queue_writes import QueueWrites
+from pikku_django.workflows.store.run_writes import RunWrites
 from pikku_django.workflows.store.step_writes import StepWrites
 
 
@@ -218,7 +220,15 @@ class KeyedStarts:
 
 
 class WorkflowStore(
-    BulkStarts, KeyedStarts, FreshClaims, ChainedWrites, StepWrites, RunForks, abc.ABC
+    RunWrites,
+    QueueWrites,
+    BulkStarts,
+    KeyedStarts,
+    FreshClaims,
+    ChainedWrites,
+    StepWrites,
+    RunForks,
+    abc.ABC,
 ):
     """The workflow tables' operations on one database (``using``)."""
 
