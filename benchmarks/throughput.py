@@ -129,10 +129,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also pikku (carried, CONN_MAX_AGE 60) with the Prometheus and Sentry "
         "integrations on, 10-step and 1-step runs, as a ratio to them off",
     )
+    add("--bulk", type=int, default=10_000, help="units of the bulk pairing, 0 for none (10000)")
     add("--child", choices=DATABASES, help=argparse.SUPPRESS)
     if parser.parse_known_args(argv)[0].quick:  # smaller defaults; options given still win
         parser.set_defaults(
-            runs=10, warmup=2, latency_runs=2, concurrency="4", repeat=1, memory_steps=1_000
+            runs=10,
+            warmup=2,
+            latency_runs=2,
+            concurrency="4",
+            repeat=1,
+            memory_steps=1_000,
+            bulk=500,
         )
     args = parser.parse_args(argv)
     try:
@@ -165,7 +172,7 @@ def child_argv(args: argparse.Namespace, database: str) -> list[str]:
         *("--warmup", str(args.warmup), "--latency-runs", str(args.latency_runs)),
         *("--memory-steps", str(args.memory_steps), "--vacuum", args.vacuum),
         *("--conn-max-age", ",".join(map(str, args.conn_max_age))),
-        *("--timeout", str(args.timeout)),
+        *("--timeout", str(args.timeout), "--bulk", str(args.bulk)),
         *(["--transactions"] if args.transactions else []),
         *(["--integrations"] if args.integrations else []),
         *(["--systems", ",".join(args.systems)] if args.systems else []),

@@ -62,6 +62,12 @@ DOCS = {
         "https://docs.dbos.dev/python/tutorials/queue-tutorial",
         "https://docs.dbos.dev/python/reference/queues",
     ],
+    "pgqueuer": [
+        # asyncpg driver (about twice psycopg's throughput); batch_size up for short jobs;
+        # max_concurrent_tasks at least twice batch_size; LISTEN/NOTIFY wakes the worker.
+        "https://pgqueuer.readthedocs.io/en/latest/guides/performance-tuning.html",
+        "https://github.com/janbjorge/pgqueuer/blob/main/docs/development/benchmark.md",
+    ],
     "django": [
         # CONN_MAX_AGE: 0 closes the connection after every request or unit of work.
         "https://docs.djangoproject.com/en/5.2/ref/databases/#persistent-connections",

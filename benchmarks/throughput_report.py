@@ -34,6 +34,8 @@ PAIRINGS = (
         "1 queued step vs Procrastinate single jobs", RECOMMENDED, "procrastinate", "single", 1.0
     ),
     Pairing("inline steps vs DBOS direct workflows", RECOMMENDED, "dbos", "inline", 2.0),
+    Pairing("1 queued step vs PgQueuer single jobs", RECOMMENDED, "pgqueuer", "single", 1.0),
+    Pairing("10 queued steps vs PgQueuer 10-job chains", RECOMMENDED, "pgqueuer", "chain", None),
     # For information: the same with Django's default CONN_MAX_AGE, and carrying off.
     Pairing(
         "CONN_MAX_AGE=0: 10 queued steps vs Procrastinate chains",
@@ -149,7 +151,7 @@ def latency_pairings(database: str, db: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     latency = db.get("latency", {})
     for ours in (RECOMMENDED, "pikku_carried_cma0"):
-        for theirs in ("procrastinate", "dbos"):
+        for theirs in ("procrastinate", "dbos", "pgqueuer"):
             if ours not in latency or theirs not in latency:
                 continue
             for what in ("stored_to_first_step", "step_to_step"):
@@ -231,6 +233,22 @@ def render(results: dict[str, Any], targets: dict[str, Any], args: argparse.Name
                 "server transactions per unit (run, chain or job), median over the sweep:",
                 format_table(("system", "kind", "transactions"), trows),
             ]
+        if db.get("worker_cpu_ms_per_unit"):
+            wrows = [
+                (_label(db, key), kind, f"{s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f})")
+                for key, kinds in db["worker_cpu_ms_per_unit"].items()
+                for kind, s in kinds.items()
+            ]
+            out += [
+                "",
+                "worker CPU per unit (ms a run, chain or job, user + system of the worker",
+                "processes across the batch), median (min-max) over the sweep:",
+                format_table(("system", "kind", "ms"), wrows),
+            ]
+        if db.get("bulk"):
+            from throughput_bulk import render_bulk
+
+            out += render_bulk(db["bulk"])
         if db.get("store_cpu_us_per_unit"):
             srows = [
                 (_label(db, key), kind, f"{s['median']:.0f}")
