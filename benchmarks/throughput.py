@@ -10,7 +10,11 @@ The pairings, each measured in the same run on the same server:
   ``@DBOS.step()`` no-ops started on a DBOS ``Queue``;
 - 1 step: pikku runs of one queued step against single Procrastinate jobs;
 - inline: pikku runs whose 10 steps run inline in the orchestration pass, against
-  DBOS workflows called directly (no queue).
+  DBOS workflows called directly (no queue);
+- PgQueuer (10-job chains, single jobs) and django-absurd (10-step and 1-step tasks),
+  run by a Python >= 3.12 (``PIKKU_BENCH_PYTHON_LATEST``; ``throughput_pgqueuer.py``
+  says how to install them), and the bulk pairing (``--bulk`` units, 500 with
+  ``--quick``: ``throughput_bulk.py``). Worker CPU a unit is printed for every system.
 
 pikku runs with ``CONN_MAX_AGE`` 0 (Django's default) and 60. Every system gets the
 same untimed warm-up (``--warmup`` units of each kind it is measured on) in fresh
@@ -36,9 +40,11 @@ set, ``sentry_sdk.init()`` with a transport that drops events), next to the same
 configuration with them off.
 
 Targets (medians, each system at its best concurrency, pikku with CONN_MAX_AGE 60):
-10-step runs >= 1.5x Procrastinate chains and >= 1.5x DBOS queued workflows; 1-step
-runs >= 1.0x Procrastinate single jobs; inline >= 2x DBOS direct; memory slope < 50
-bytes a step; with ``--integrations``, on >= 0.95x off for 10-step and 1-step runs.
+10-step runs >= 3x Procrastinate chains, >= 2x django-absurd 10-step tasks and >= 1.5x
+DBOS queued workflows; 1-step runs >= 1.0x PgQueuer jobs and >= 2.0x Procrastinate
+jobs; bulk start >= 1.0x PgQueuer's batch enqueue; one ``start_workflow`` call no slower
+than one PgQueuer enqueue; inline >= 2x DBOS direct; memory slope < 50 bytes a step;
+with ``--integrations``, on >= 0.95x off for 10-step and 1-step runs.
 
 Run it from the repository root on a quiet machine:
 

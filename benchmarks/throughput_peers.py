@@ -34,14 +34,19 @@ CANDIDATES = (
 )
 
 
-def python_latest() -> tuple[str | None, str]:
-    """A Python >= 3.12 that imports pgqueuer and asyncpg, or None and why not."""
+def python_latest(*modules: str) -> tuple[str | None, str]:
+    """A Python >= 3.12 that imports ``modules`` (pgqueuer and asyncpg), or None and why."""
+    modules = modules or ("pgqueuer", "asyncpg")
     given = os.environ.get("PIKKU_BENCH_PYTHON_LATEST")
     for candidate in [given] if given else CANDIDATES:
         path = shutil.which(candidate) or candidate
         try:
             ok = subprocess.run(
-                [path, "-c", "import sys, pgqueuer, asyncpg; sys.exit(sys.version_info < (3, 12))"],
+                [
+                    path,
+                    "-c",
+                    f"import sys, {', '.join(modules)}; sys.exit(sys.version_info < (3, 12))",
+                ],
                 capture_output=True,
                 timeout=30,
             )
@@ -50,8 +55,9 @@ def python_latest() -> tuple[str | None, str]:
         if ok.returncode == 0:
             return path, ""
     return None, (
-        "needs a Python >= 3.12 with pgqueuer and asyncpg: set PIKKU_BENCH_PYTHON_LATEST "
-        '(e.g. python3.13 -m venv /tmp/pgq && /tmp/pgq/bin/pip install "pgqueuer>=1.6" asyncpg)'
+        f"needs a Python >= 3.12 with {' and '.join(modules)}: set PIKKU_BENCH_PYTHON_LATEST "
+        "(e.g. python3.13 -m venv /tmp/peers && /tmp/peers/bin/pip install "
+        '"pgqueuer>=1.6" asyncpg "django-absurd>=1.0")'
     )
 
 
@@ -74,6 +80,7 @@ def worker_cpu_s(procs: Processes, names: list[str]) -> float:
 class PgQueuer(System):
     family = "pgqueuer"
     kinds = (Kind.CHAIN, Kind.SINGLE)
+    script = SCRIPT
 
     def __init__(self, key: str, label: str, procs: Processes, timeout: float, url: str) -> None:
         super().__init__(key, label, procs, timeout)
@@ -96,11 +103,13 @@ class PgQueuer(System):
             "python": self.python,
         }
 
+    def env(self) -> dict[str, str]:
+        return {"PIKKU_BENCH_PGQUEUER_URL": self.url}
+
     def install(self) -> None:
         assert self.python
         ensure_database(self.url)
-        env = {**os.environ, "PIKKU_BENCH_PGQUEUER_URL": self.url}
-        if subprocess.call([self.python, SCRIPT, "install"], env=env):
+        if subprocess.call([self.python, self.script, "install"], env={**os.environ, **self.env()}):
             raise BenchError("PgQueuer would not install its tables")
 
     def clear(self) -> None:
@@ -111,21 +120,22 @@ class PgQueuer(System):
 
     def start(self, concurrency: int, processes: int) -> None:
         assert self.python
-        env = {"PIKKU_BENCH_PGQUEUER_URL": self.url}
+        env = self.env()
         for i in range(processes):
             name = f"{self.key}-c{concurrency}-{i}"
             self.procs.start(
                 name,
-                [self.python, SCRIPT, "worker", "--concurrency", str(concurrency)],
+                [self.python, self.script, "worker", "--concurrency", str(concurrency)],
                 env=env,
-                stdout=subprocess.PIPE,
+                stdout=subprocess.PIPE if self.script == SCRIPT else None,
             )
             self.names.append(name)
-            self._read(name, f"{name} to start")
+            if self.script == SCRIPT:
+                self._read(name, f"{name} to start")
         self.client_name = f"{self.key}-client-c{concurrency}"
         self.procs.start(
             self.client_name,
-            [self.python, SCRIPT, "client"],
+            [self.python, self.script, "client"],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -224,3 +234,90 @@ class PgQueuer(System):
         lat = Latency(first_ms=[(jobs[0]["picked"] - jobs[0]["queued"]) * 1000])
         lat.gaps_ms = [(j["picked"] - j["queued"]) * 1000 for j in jobs[1:] if "picked" in j]
         return lat
+
+
+ABSURD_URL = os.environ.get(
+    "PIKKU_BENCH_ABSURD_URL", "postgres://postgres@127.0.0.1:5432/pikku_bench_absurd"
+)
+ABSURD_SCRIPT = str(BENCH_DIR / "throughput_absurd.py")
+
+
+class DjangoAbsurd(PgQueuer):
+    """django-absurd: 1-step tasks and tasks of ``steps`` ``context.step`` calls, in
+    processes of a Python >= 3.12 with Django >= 6.0 (``throughput_absurd.py``)."""
+
+    family = "absurd"
+    script = ABSURD_SCRIPT
+
+    def __init__(self, key: str, label: str, procs: Processes, timeout: float, url: str) -> None:
+        super().__init__(key, label, procs, timeout, url)
+        self.python, self.why = python_latest("django_absurd")
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "worker": "manage.py absurd_worker --concurrency N (documented defaults: "
+            "--batch-size N, --poll-interval 0.25 s; Absurd polls, no LISTEN/NOTIFY)",
+            "tasks": "django.tasks @task; the 10-step kind is one task of 10 context.step calls",
+            "enqueue": "one Task.enqueue per unit (django.tasks has no bulk), in one transaction",
+            "python": self.python,
+        }
+
+    def env(self) -> dict[str, str]:
+        return {"PIKKU_BENCH_ABSURD_URL": self.url}
+
+    def install(self) -> None:
+        assert self.python
+        ensure_database(self.url)
+        if subprocess.call([self.python, self.script, "migrate"], env={**os.environ, **self.env()}):
+            raise BenchError("django-absurd would not migrate")
+
+    def clear(self) -> None:
+        import psycopg
+
+        with psycopg.connect(autocommit=True, **pg_params(self.url)) as conn:
+            conn.execute(
+                "TRUNCATE absurd.t_default, absurd.r_default, absurd.c_default, "
+                "absurd.e_default, absurd.w_default"
+            )
+
+    def _wait_ids(self, ids: list[str], every: float = 0.05) -> float:
+        uuids = [i.rsplit(":", 1)[-1] for i in ids]
+
+        def done() -> bool:
+            self.check_alive()
+            ok, failed = self._sql(
+                "SELECT count(*) FILTER (WHERE state = 'completed'), "
+                "count(*) FILTER (WHERE state IN ('failed', 'cancelled')) "
+                "FROM absurd.t_default WHERE task_id = ANY(%s::uuid[])",
+                (uuids,),
+            )[0]
+            if failed:
+                raise BenchError(f"{failed} django-absurd tasks failed")
+            return ok == len(uuids)
+
+        wait_for(done, self.timeout, f"{self.label}: {len(ids)} tasks", every=every)
+        end = self._sql(
+            "SELECT extract(epoch FROM max(completed_at)) FROM absurd.r_default "
+            "WHERE task_id = ANY(%s::uuid[])",
+            (uuids,),
+        )[0][0]
+        return float(end)
+
+    def batch(self, kind: Kind, units: int, steps: int) -> Batch:
+        out = self.last = self._command(f"batch {kind.value} {units} {steps}")
+        end = self._wait_ids(out["ids"])
+        n = units * (steps if kind is Kind.CHAIN else 1)
+        return Batch(n, end - out["committed"], out["store_us"])
+
+    def one(self, steps: int) -> Latency:
+        out = self._command(f"batch chain 1 {steps}")
+        self._wait_ids(out["ids"], every=0.005)
+        uuid = out["ids"][0].rsplit(":", 1)[-1]
+        first = self._sql(
+            "SELECT extract(epoch FROM min(r.started_at) - t.enqueue_at) FROM absurd.t_default t "
+            "JOIN absurd.r_default r USING (task_id) WHERE t.task_id = %s::uuid "
+            "GROUP BY t.enqueue_at",
+            (uuid,),
+        )[0][0]
+        # Absurd's steps run inside the task, with no queue between them: no gaps.
+        return Latency(first_ms=[float(first) * 1000])

@@ -27,15 +27,17 @@ class Pairing:
 
 PAIRINGS = (
     Pairing(
-        "10 queued steps vs Procrastinate 10-job chains", RECOMMENDED, "procrastinate", "chain", 1.5
+        "10 queued steps vs Procrastinate 10-job chains", RECOMMENDED, "procrastinate", "chain", 3.0
     ),
     Pairing("10 queued steps vs DBOS 10-step queued workflows", RECOMMENDED, "dbos", "chain", 1.5),
     Pairing(
-        "1 queued step vs Procrastinate single jobs", RECOMMENDED, "procrastinate", "single", 1.0
+        "1 queued step vs Procrastinate single jobs", RECOMMENDED, "procrastinate", "single", 2.0
     ),
     Pairing("inline steps vs DBOS direct workflows", RECOMMENDED, "dbos", "inline", 2.0),
     Pairing("1 queued step vs PgQueuer single jobs", RECOMMENDED, "pgqueuer", "single", 1.0),
     Pairing("10 queued steps vs PgQueuer 10-job chains", RECOMMENDED, "pgqueuer", "chain", None),
+    Pairing("10 queued steps vs django-absurd 10-step tasks", RECOMMENDED, "absurd", "chain", 2.0),
+    Pairing("1 queued step vs django-absurd 1-step tasks", RECOMMENDED, "absurd", "single", None),
     # For information: the same with Django's default CONN_MAX_AGE, and carrying off.
     Pairing(
         "CONN_MAX_AGE=0: 10 queued steps vs Procrastinate chains",
@@ -151,7 +153,7 @@ def latency_pairings(database: str, db: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     latency = db.get("latency", {})
     for ours in (RECOMMENDED, "pikku_carried_cma0"):
-        for theirs in ("procrastinate", "dbos", "pgqueuer"):
+        for theirs in ("procrastinate", "dbos", "pgqueuer", "absurd"):
             if ours not in latency or theirs not in latency:
                 continue
             for what in ("stored_to_first_step", "step_to_step"):

@@ -26,7 +26,7 @@ from benchlib import (
     vacuum,
 )
 from figures import Summary, latency_json, rotated, rotations, slope_last_half
-from throughput_peers import PGQUEUER_URL, PgQueuer, worker_cpu_s
+from throughput_peers import ABSURD_URL, PGQUEUER_URL, DjangoAbsurd, PgQueuer, worker_cpu_s
 from throughput_systems import (
     Batch,
     Dbos,
@@ -130,6 +130,7 @@ def prepare_peers(procs: Processes, args: argparse.Namespace) -> list[System]:
         Procrastinate("procrastinate", "Procrastinate", procs, args.timeout, PROCRASTINATE_URL),
         Dbos("dbos", "DBOS", procs, args.timeout, DBOS_URL),
         PgQueuer("pgqueuer", "PgQueuer", procs, args.timeout, PGQUEUER_URL),
+        DjangoAbsurd("absurd", "django-absurd", procs, args.timeout, ABSURD_URL),
     ]
     ready = []
     for peer in peers:
@@ -402,7 +403,7 @@ def run_database(
             if lat.first_ms
         },
     }
-    pgqueuer = next((s for s in runnable if isinstance(s, PgQueuer)), None)
+    pgqueuer = next((s for s in runnable if type(s) is PgQueuer), None)
     if pgqueuer is not None and getattr(args, "bulk", None):
         from throughput_bulk import measure_bulk
 

@@ -68,6 +68,7 @@ def pg_names() -> Iterator[dict[str, str]]:
         "PIKKU_BENCH_PROCRASTINATE_URL": f"{TAG}_pr",
         "PIKKU_BENCH_DBOS_URL": f"{TAG}_dbos",
         "PIKKU_BENCH_PGQUEUER_URL": f"{TAG}_pgq",
+        "PIKKU_BENCH_ABSURD_URL": f"{TAG}_absurd",
         "PIKKU_BENCH_POSTGRES_URL": f"{TAG}_pg",
     }
     yield {var: f"{PG}/{name}" for var, name in names.items()}
@@ -119,7 +120,7 @@ def test_throughput_quick(pg_names: dict[str, str]) -> None:
         timeout=170,
     )
     assert report["settings"]["quick"] is True
-    assert set(report["docs"]) == {"procrastinate", "dbos", "pgqueuer", "django"}
+    assert set(report["docs"]) == {"procrastinate", "dbos", "pgqueuer", "absurd", "django"}
     pg, sqlite = report["databases"]["postgres"], report["databases"]["sqlite"]
     assert "skipped" not in pg, pg
     assert "skipped" not in sqlite, sqlite
@@ -157,6 +158,11 @@ def test_throughput_quick(pg_names: dict[str, str]) -> None:
     else:
         assert "Python >= 3.12" in pgqueuer["unavailable"]
         assert "bulk" not in pg
+    absurd = pg["systems"]["absurd"]
+    if absurd["unavailable"] is None:
+        assert set(pg["throughput"]["absurd"]) == {"chain", "single"}
+    else:
+        assert "Python >= 3.12" in absurd["unavailable"]
     assert pg["worker_cpu_ms_per_unit"]["pikku_carried_cma60"]["single"]["median"] > 0
     pairings = {(p["database"], p["theirs"], p["kind"]) for p in report["targets"]["pairings"]}
     for kind in ("chain", "single"):  # --integrations: on, next to off
