@@ -13,7 +13,7 @@ The pairings, each measured in the same run on the same server:
   DBOS workflows called directly (no queue);
 - PgQueuer (10-job chains, single jobs) and django-absurd (10-step and 1-step tasks),
   run by a Python >= 3.12 (``PIKKU_BENCH_PYTHON_LATEST``; ``throughput_pgqueuer.py``
-  says how to install them), and the bulk pairing (``--bulk`` units, 500 with
+  says how to install them), and the bulk pairing (``--bulk`` units, 200 with
   ``--quick``: ``throughput_bulk.py``). Worker CPU a unit is printed for every system.
 
 pikku runs with ``CONN_MAX_AGE`` 0 (Django's default) and 60. Every system gets the
@@ -145,7 +145,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             concurrency="4",
             repeat=1,
             memory_steps=1_000,
-            bulk=500,
+            bulk=200,
         )
     args = parser.parse_args(argv)
     try:

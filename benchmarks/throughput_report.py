@@ -237,7 +237,7 @@ def render(results: dict[str, Any], targets: dict[str, Any], args: argparse.Name
             ]
         if db.get("worker_cpu_ms_per_unit"):
             wrows = [
-                (_label(db, key), kind, f"{s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f})")
+                (_label(db, key), kind, _summary(s, "{:.2f}"))
                 for key, kinds in db["worker_cpu_ms_per_unit"].items()
                 for kind, s in kinds.items()
             ]
@@ -305,9 +305,11 @@ def render(results: dict[str, Any], targets: dict[str, Any], args: argparse.Name
     return "\n".join(out)
 
 
-def _summary(s: dict[str, Any] | None) -> str:
+def _summary(s: dict[str, Any] | None, fmt: str = "") -> str:
+    """A median with its range (``fmt`` for all three; else 1 and 0 decimals)."""
     if not s:
         return "-"
     if len(s["repeats"]) == 1:
-        return f"{s['median']:.1f}"
-    return f"{s['median']:.1f} ({s['min']:.0f}-{s['max']:.0f})"
+        return (fmt or "{:.1f}").format(s["median"])
+    low, high = (fmt or "{:.0f}").format(s["min"]), (fmt or "{:.0f}").format(s["max"])
+    return f"{(fmt or '{:.1f}').format(s['median'])} ({low}-{high})"
