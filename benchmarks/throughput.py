@@ -10,7 +10,11 @@ The pairings, each measured in the same run on the same server:
   ``@DBOS.step()`` no-ops started on a DBOS ``Queue``;
 - 1 step: pikku runs of one queued step against single Procrastinate jobs;
 - inline: pikku runs whose 10 steps run inline in the orchestration pass, against
-  DBOS workflows called directly (no queue).
+  DBOS workflows called directly (no queue);
+- PgQueuer (10-job chains, single jobs) and django-absurd (10-step and 1-step tasks),
+  run by a Python >= 3.12 (``PIKKU_BENCH_PYTHON_LATEST``; ``throughput_pgqueuer.py``
+  says how to install them), and the bulk pairing (``--bulk`` units, 200 with
+  ``--quick``: ``throughput_bulk.py``). Worker CPU a unit is printed for every system.
 
 pikku runs with ``CONN_MAX_AGE`` 0 (Django's default) and 60. Every system gets the
 same untimed warm-up (``--warmup`` units of each kind it is measured on) in fresh
@@ -43,10 +47,12 @@ stated in ``PIKKU["DATABASE_POOLING"]`` with ``WORKER_NOTIFY`` off and a 0.1 s p
 connection (CONN_MAX_AGE 60). The runs are stored on the direct connection either way.
 
 Targets (medians, each system at its best concurrency, pikku with CONN_MAX_AGE 60):
-10-step runs >= 1.5x Procrastinate chains and >= 1.5x DBOS queued workflows; 1-step
-runs >= 1.0x Procrastinate single jobs; inline >= 2x DBOS direct; memory slope < 50
-bytes a step; with ``--integrations``, on >= 0.95x off for 10-step and 1-step runs;
-with ``--pooler``, through the pooler >= 0.8x direct for 10-step and 1-step runs.
+10-step runs >= 3x Procrastinate chains, >= 2x django-absurd 10-step tasks and >= 1.5x
+DBOS queued workflows; 1-step runs >= 1.0x PgQueuer jobs and >= 2.0x Procrastinate
+jobs; bulk start >= 1.0x PgQueuer's batch enqueue; one ``start_workflow`` call no slower
+than one PgQueuer enqueue; inline >= 2x DBOS direct; memory slope < 50 bytes a step;
+with ``--integrations``, on >= 0.95x off for 10-step and 1-step runs; with
+``--pooler``, through the pooler >= 0.8x direct for 10-step and 1-step runs.
 
 Run it from the repository root on a quiet machine:
 
@@ -143,10 +149,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also pikku (carried, CONN_MAX_AGE 60) with its workers behind a PgBouncer in "
         "transaction mode, 10-step and 1-step runs, as a ratio to the direct connection",
     )
+    add("--bulk", type=int, default=10_000, help="units of the bulk pairing, 0 for none (10000)")
     add("--child", choices=DATABASES, help=argparse.SUPPRESS)
     if parser.parse_known_args(argv)[0].quick:  # smaller defaults; options given still win
         parser.set_defaults(
-            runs=10, warmup=2, latency_runs=2, concurrency="4", repeat=1, memory_steps=1_000
+            runs=10,
+            warmup=2,
+            latency_runs=2,
+            concurrency="4",
+            repeat=1,
+            memory_steps=1_000,
+            bulk=200,
         )
     args = parser.parse_args(argv)
     try:
@@ -179,7 +192,7 @@ def child_argv(args: argparse.Namespace, database: str) -> list[str]:
         *("--warmup", str(args.warmup), "--latency-runs", str(args.latency_runs)),
         *("--memory-steps", str(args.memory_steps), "--vacuum", args.vacuum),
         *("--conn-max-age", ",".join(map(str, args.conn_max_age))),
-        *("--timeout", str(args.timeout)),
+        *("--timeout", str(args.timeout), "--bulk", str(args.bulk)),
         *(["--transactions"] if args.transactions else []),
         *(["--integrations"] if args.integrations else []),
         *(["--pooler"] if args.pooler else []),

@@ -1,5 +1,7 @@
 """The peers of ``benchmarks/throughput.py``: Procrastinate and DBOS Transact, each set
-up as its documentation recommends.
+up as its documentation recommends (PgQueuer and django-absurd, which need Python >=
+3.12, are in ``throughput_pgqueuer.py``, ``throughput_absurd.py`` and
+``throughput_peers.py``).
 
 Procrastinate (``procrastinate_app``): two tasks, ``bench_noop`` (a single job) and
 ``bench_chain`` (a job that, while ``remaining`` is above 1, defers the next job of
@@ -61,6 +63,17 @@ DOCS = {
         # each process needs its own executor_id.
         "https://docs.dbos.dev/python/tutorials/queue-tutorial",
         "https://docs.dbos.dev/python/reference/queues",
+    ],
+    "pgqueuer": [
+        # asyncpg driver (about twice psycopg's throughput); batch_size up for short jobs;
+        # max_concurrent_tasks at least twice batch_size; LISTEN/NOTIFY wakes the worker.
+        "https://pgqueuer.readthedocs.io/en/latest/guides/performance-tuning.html",
+        "https://github.com/janbjorge/pgqueuer/blob/main/docs/development/benchmark.md",
+    ],
+    "absurd": [
+        # absurd_worker --concurrency N; --batch-size defaults to it, --poll-interval 0.25 s.
+        "https://lincolnloop.github.io/django-absurd/",
+        "https://github.com/lincolnloop/django-absurd/blob/main/AGENTS.md",
     ],
     "django": [
         # CONN_MAX_AGE: 0 closes the connection after every request or unit of work.

@@ -27,13 +27,17 @@ class Pairing:
 
 PAIRINGS = (
     Pairing(
-        "10 queued steps vs Procrastinate 10-job chains", RECOMMENDED, "procrastinate", "chain", 1.5
+        "10 queued steps vs Procrastinate 10-job chains", RECOMMENDED, "procrastinate", "chain", 3.0
     ),
     Pairing("10 queued steps vs DBOS 10-step queued workflows", RECOMMENDED, "dbos", "chain", 1.5),
     Pairing(
-        "1 queued step vs Procrastinate single jobs", RECOMMENDED, "procrastinate", "single", 1.0
+        "1 queued step vs Procrastinate single jobs", RECOMMENDED, "procrastinate", "single", 2.0
     ),
     Pairing("inline steps vs DBOS direct workflows", RECOMMENDED, "dbos", "inline", 2.0),
+    Pairing("1 queued step vs PgQueuer single jobs", RECOMMENDED, "pgqueuer", "single", 1.0),
+    Pairing("10 queued steps vs PgQueuer 10-job chains", RECOMMENDED, "pgqueuer", "chain", None),
+    Pairing("10 queued steps vs django-absurd 10-step tasks", RECOMMENDED, "absurd", "chain", 2.0),
+    Pairing("1 queued step vs django-absurd 1-step tasks", RECOMMENDED, "absurd", "single", None),
     # For information: the same with Django's default CONN_MAX_AGE, and carrying off.
     Pairing(
         "CONN_MAX_AGE=0: 10 queued steps vs Procrastinate chains",
@@ -149,7 +153,7 @@ def latency_pairings(database: str, db: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     latency = db.get("latency", {})
     for ours in (RECOMMENDED, "pikku_carried_cma0"):
-        for theirs in ("procrastinate", "dbos"):
+        for theirs in ("procrastinate", "dbos", "pgqueuer", "absurd"):
             if ours not in latency or theirs not in latency:
                 continue
             for what in ("stored_to_first_step", "step_to_step"):
@@ -231,6 +235,22 @@ def render(results: dict[str, Any], targets: dict[str, Any], args: argparse.Name
                 "server transactions per unit (run, chain or job), median over the sweep:",
                 format_table(("system", "kind", "transactions"), trows),
             ]
+        if db.get("worker_cpu_ms_per_unit"):
+            wrows = [
+                (_label(db, key), kind, _summary(s, "{:.2f}"))
+                for key, kinds in db["worker_cpu_ms_per_unit"].items()
+                for kind, s in kinds.items()
+            ]
+            out += [
+                "",
+                "worker CPU per unit (ms a run, chain or job, user + system of the worker",
+                "processes across the batch), median (min-max) over the sweep:",
+                format_table(("system", "kind", "ms"), wrows),
+            ]
+        if db.get("bulk"):
+            from throughput_bulk import render_bulk
+
+            out += render_bulk(db["bulk"])
         if db.get("store_cpu_us_per_unit"):
             srows = [
                 (_label(db, key), kind, f"{s['median']:.0f}")
@@ -285,9 +305,11 @@ def render(results: dict[str, Any], targets: dict[str, Any], args: argparse.Name
     return "\n".join(out)
 
 
-def _summary(s: dict[str, Any] | None) -> str:
+def _summary(s: dict[str, Any] | None, fmt: str = "") -> str:
+    """A median with its range (``fmt`` for all three; else 1 and 0 decimals)."""
     if not s:
         return "-"
     if len(s["repeats"]) == 1:
-        return f"{s['median']:.1f}"
-    return f"{s['median']:.1f} ({s['min']:.0f}-{s['max']:.0f})"
+        return (fmt or "{:.1f}").format(s["median"])
+    low, high = (fmt or "{:.0f}").format(s["min"]), (fmt or "{:.0f}").format(s["max"])
+    return f"{(fmt or '{:.1f}').format(s['median'])} ({low}-{high})"

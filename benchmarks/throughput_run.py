@@ -26,6 +26,7 @@ from benchlib import (
     vacuum,
 )
 from figures import Summary, latency_json, rotated, rotations, slope_last_half
+from throughput_peers import ABSURD_URL, PGQUEUER_URL, DjangoAbsurd, PgQueuer, worker_cpu_s
 from throughput_systems import (
     Batch,
     Dbos,
@@ -120,17 +121,23 @@ def clear_peers(systems: list[System]) -> None:
         elif isinstance(system, Dbos):
             with psycopg.connect(autocommit=True, **pg_params(system.url)) as conn:
                 conn.execute("TRUNCATE dbos.operation_outputs, dbos.workflow_status CASCADE")
+        elif isinstance(system, PgQueuer):
+            system.clear()
 
 
 def prepare_peers(procs: Processes, args: argparse.Namespace) -> list[System]:
     peers: list[System] = [
         Procrastinate("procrastinate", "Procrastinate", procs, args.timeout, PROCRASTINATE_URL),
         Dbos("dbos", "DBOS", procs, args.timeout, DBOS_URL),
+        PgQueuer("pgqueuer", "PgQueuer", procs, args.timeout, PGQUEUER_URL),
+        DjangoAbsurd("absurd", "django-absurd", procs, args.timeout, ABSURD_URL),
     ]
     ready = []
     for peer in peers:
         if peer.unavailable() is None:
-            if isinstance(peer, Procrastinate):
+            if isinstance(peer, PgQueuer):
+                peer.install()
+            elif isinstance(peer, Procrastinate):
                 from throughput_baselines import procrastinate_app
 
                 ensure_database(PROCRASTINATE_URL)
@@ -241,14 +248,17 @@ def measure_system(
     latency: bool,
     transactions: dict[Kind, float] | None = None,
     stored: dict[Kind, float] | None = None,
+    worker_cpu: dict[Kind, float] | None = None,
 ) -> tuple[dict[Kind, float], Latency]:
     """Start, warm up, measure each kind once (with ``transactions``, count each one's
     server transactions per unit into it; into ``stored``, the CPU a unit took to store
-    where it is stored ahead), time ``--latency-runs`` units alone, stop."""
+    where it is stored ahead; into ``worker_cpu``, its workers' CPU in ms a unit),
+    time ``--latency-runs`` units alone, stop."""
     system.start(concurrency, processes)
     out: dict[Kind, float] = {}
     lat = Latency()
     stored = {} if stored is None else stored
+    worker_cpu = {} if worker_cpu is None else worker_cpu
     try:
         for kind in system.kinds:
             if args.warmup:
@@ -256,10 +266,12 @@ def measure_system(
                 system.batch(kind, min(units, args.warmup * max(1, units // args.runs)), steps)
         for kind in system.kinds:
             units, steps = units_of(kind, args)
+            cpu = worker_cpu_s(system.procs, system.names)
             if transactions is None:
                 batch = system.batch(kind, units, steps)
             else:
                 batch, transactions[kind] = counted_batch(system, kind, units, steps)
+            worker_cpu[kind] = (worker_cpu_s(system.procs, system.names) - cpu) * 1000 / units
             out[kind] = batch.per_s
             if batch.store_us is not None:
                 stored[kind] = batch.store_us
@@ -291,13 +303,14 @@ def run_database(
     latencies: dict[str, Latency] = {s.key: Latency() for s in runnable}
     counted: dict[str, dict[str, list[float]]] = {s.key: {} for s in runnable}
     store_cpu: dict[str, dict[str, list[float]]] = {s.key: {} for s in runnable}
+    worker_cpu: dict[str, dict[str, list[float]]] = {s.key: {} for s in runnable}
     count = args.transactions and database == "postgres"
     for r, order in rotations(runnable, args.repeat):
         clear_pikku()
         clear_peers(runnable)
         if do_vacuum:
             for url in [WORKFLOWS_URL] + [
-                s.url for s in runnable if isinstance(s, Procrastinate | Dbos)
+                s.url for s in runnable if isinstance(s, Procrastinate | Dbos | PgQueuer)
             ]:
                 vacuum(url)
         for concurrency in rotated(args.concurrency, r):
@@ -312,6 +325,7 @@ def run_database(
                 )
                 tx: dict[Kind, float] | None = {} if count else None
                 cpu: dict[Kind, float] = {}
+                wcpu: dict[Kind, float] = {}
                 per_s, lat = measure_system(
                     system,
                     concurrency,
@@ -320,7 +334,10 @@ def run_database(
                     latency=concurrency == args.concurrency[0],
                     transactions=tx,
                     stored=cpu,
+                    worker_cpu=wcpu,
                 )
+                for kind, ms in wcpu.items():
+                    worker_cpu[system.key].setdefault(kind.value, []).append(ms)
                 for kind, us in cpu.items():
                     store_cpu[system.key].setdefault(kind.value, []).append(us)
                 for kind, value in per_s.items():
@@ -373,6 +390,11 @@ def run_database(
             for key, kinds in store_cpu.items()
             if kinds
         },
+        "worker_cpu_ms_per_unit": {
+            key: {kind: Summary.of(v).as_json(3) for kind, v in kinds.items()}
+            for key, kinds in worker_cpu.items()
+            if kinds
+        },
         "latency": {
             key: {
                 "concurrency": args.concurrency[0],
@@ -383,6 +405,11 @@ def run_database(
             if lat.first_ms
         },
     }
+    pgqueuer = next((s for s in runnable if type(s) is PgQueuer), None)
+    if pgqueuer is not None and getattr(args, "bulk", None):
+        from throughput_bulk import measure_bulk
+
+        result["bulk"] = measure_bulk(procs, args, pgqueuer, counted_batch)
     if database == "postgres" and args.memory_steps:
         result["memory"] = measure_memory(procs, args)
     if args.profile:

@@ -67,6 +67,8 @@ def pg_names() -> Iterator[dict[str, str]]:
         "PIKKU_BENCH_THROUGHPUT_URL": f"{TAG}_wf",
         "PIKKU_BENCH_PROCRASTINATE_URL": f"{TAG}_pr",
         "PIKKU_BENCH_DBOS_URL": f"{TAG}_dbos",
+        "PIKKU_BENCH_PGQUEUER_URL": f"{TAG}_pgq",
+        "PIKKU_BENCH_ABSURD_URL": f"{TAG}_absurd",
         "PIKKU_BENCH_POSTGRES_URL": f"{TAG}_pg",
     }
     yield {var: f"{PG}/{name}" for var, name in names.items()}
@@ -113,12 +115,12 @@ def test_throughput_quick(pg_names: dict[str, str]) -> None:
         "throughput.py",
         *("--quick", "--databases", "postgres,sqlite", "--conn-max-age", "60"),
         *("--memory-steps", "200", "--latency-runs", "1", "--warmup", "1"),
-        *("--runs", "6", "--steps", "5", "--integrations"),
+        *("--runs", "6", "--steps", "5", "--integrations", "--bulk", "20"),
         env=pg_names,
         timeout=170,
     )
     assert report["settings"]["quick"] is True
-    assert set(report["docs"]) == {"procrastinate", "dbos", "django"}
+    assert set(report["docs"]) == {"procrastinate", "dbos", "pgqueuer", "absurd", "django"}
     pg, sqlite = report["databases"]["postgres"], report["databases"]["sqlite"]
     assert "skipped" not in pg, pg
     assert "skipped" not in sqlite, sqlite
@@ -144,6 +146,24 @@ def test_throughput_quick(pg_names: dict[str, str]) -> None:
     }
     for peer, present in peers.items():
         assert (pg["systems"][peer]["unavailable"] is None) is present
+    # PgQueuer runs on a Python >= 3.12 of its own: present or absent, it says which.
+    pgqueuer = pg["systems"]["pgqueuer"]
+    if pgqueuer["unavailable"] is None:
+        assert set(pg["throughput"]["pgqueuer"]) == {"chain", "single"}
+        assert set(pg["bulk"]["figures"]) == {
+            "pikku_one_by_one",
+            "pgqueuer_batch",
+            "pgqueuer_one_by_one",
+        }
+    else:
+        assert "Python >= 3.12" in pgqueuer["unavailable"]
+        assert "bulk" not in pg
+    absurd = pg["systems"]["absurd"]
+    if absurd["unavailable"] is None:
+        assert set(pg["throughput"]["absurd"]) == {"chain", "single"}
+    else:
+        assert "Python >= 3.12" in absurd["unavailable"]
+    assert pg["worker_cpu_ms_per_unit"]["pikku_carried_cma60"]["single"]["median"] > 0
     pairings = {(p["database"], p["theirs"], p["kind"]) for p in report["targets"]["pairings"]}
     for kind in ("chain", "single"):  # --integrations: on, next to off
         assert ("postgres", "pikku_carried_cma60", kind) in pairings
