@@ -84,7 +84,7 @@ def steps_per_second(workflow: str, runs: int, sleep: float) -> float:
 
     from pikku_django.models import RunStatus, WorkflowRun
     from pikku_django.workflows import WorkflowEngine
-    from pikku_django.workflows.worker import Worker
+    from pikku_django.workflows.worker.loop import Worker
 
     engine = WorkflowEngine("default")
     ids = [engine.start(workflow, {"n": n, "sleep": sleep}).id for n in range(runs)]

@@ -122,6 +122,6 @@ LOGGING = {
         },
         # The worker's start line and its stop, without a line per run or step.
         "pikku_django.worker": {"level": "INFO"},
-        "pikku_django.workflows.worker": {"level": "INFO"},
+        "pikku_django.workflows.worker.loop": {"level": "INFO"},
     },
 }

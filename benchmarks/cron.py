@@ -1,6 +1,6 @@
 """Cron tick lag: from each tick's time to the start of its run, under three workers.
 
-Three processes each run a real :class:`~pikku_django.workflows.worker.Worker` (what
+Three processes each run a real :class:`~pikku_django.workflows.worker.loop.Worker` (what
 ``pikku_worker`` runs, ``--concurrency`` threads, polling every ``--poll`` seconds):
 each starts the runs of due ticks through the schedules' intake and passes runs.
 ``--schedules`` schedules tick every second (a six-field cron expression) for
@@ -97,7 +97,7 @@ def worker(stop_file: Path, ready_file: Path, poll: float, concurrency: int) -> 
     """One worker process: a real Worker, until told to stop."""
     from pikku_django.schedules import start_due_ticks
     from pikku_django.workflows import get_engine
-    from pikku_django.workflows.worker import Worker
+    from pikku_django.workflows.worker.loop import Worker
 
     start_due_ticks(sync=False)  # connected and warm before the first tick
     running = Worker(get_engine(), concurrency=concurrency, poll_interval=poll)

@@ -141,7 +141,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from pikku_django.models import WorkflowRun
     from pikku_django.workflows import get_engine
-    from pikku_django.workflows.worker import Worker
+    from pikku_django.workflows.worker.loop import Worker
 
     call_command("migrate", "pikku_django", verbosity=0)
     WorkflowRun.objects.filter(workflow__startswith=PREFIX).delete()

@@ -67,7 +67,7 @@ class Bench:
 
         from pikku_django.workflows import WorkflowEngine
         from pikku_django.workflows.config import EngineConfig
-        from pikku_django.workflows.queues import parse_queues
+        from pikku_django.workflows.control.queues import parse_queues
 
         config = EngineConfig.from_settings(queues=MappingProxyType(parse_queues(QUEUES)))
         self.engine = WorkflowEngine("default", config=config)
@@ -76,7 +76,7 @@ class Bench:
         """Seconds from starting a worker on ``queues`` until ``until()`` holds."""
         from django.db import connections
 
-        from pikku_django.workflows.worker import Worker
+        from pikku_django.workflows.worker.loop import Worker
 
         worker = Worker(self.engine, concurrency=4, queues=queues, poll_interval=0.05)
         thread = threading.Thread(target=worker.run, name="limits-worker", daemon=True)

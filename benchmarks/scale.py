@@ -106,7 +106,7 @@ class Bench:
     # -- the worker -----------------------------------------------------------------------
 
     def start_worker(self) -> None:
-        from pikku_django.workflows.worker import Worker
+        from pikku_django.workflows.worker.loop import Worker
 
         self.worker = Worker(self.engine, concurrency=4)
         self.thread = threading.Thread(target=self.worker.run, name="scale-worker", daemon=True)

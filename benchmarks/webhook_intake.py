@@ -286,7 +286,7 @@ def time_starting_runs(seconds: float) -> dict[str, Any]:
     run's receipt is then checked to be linked to it."""
     from pikku_django.models import WebhookReceipt, WorkflowRun
     from pikku_django.workflows.api import get_engine
-    from pikku_django.workflows.intake import start_waiting_runs
+    from pikku_django.workflows.worker.intake import start_waiting_runs
 
     engine = get_engine()
     linked = 0

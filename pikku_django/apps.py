@@ -26,7 +26,7 @@ class PikkuConfig(AppConfig):
         from pikku_django.webhooks import dispatch
         from pikku_django.webhooks.lifecycle import sync_after_migrate
         from pikku_django.webhooks.sources import autodiscover as discover_sources
-        from pikku_django.workflows import _admission, _deadline_intake
+        from pikku_django.workflows.control import _admission, _deadline_intake
         from pikku_django.workflows.registry import autodiscover as discover_workflows
 
         dispatch.register()  # stored webhook events start their runs on workers

@@ -260,7 +260,7 @@ def check_queue_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.
     """PIKKU["QUEUES"] must declare usable queues; QUEUE_LEASE_MS is deprecated."""
     if not isinstance(getattr(settings, "PIKKU", None) or {}, dict):
         return []
-    from pikku_django.workflows.queues import describe, parse_queues, queue_problems
+    from pikku_django.workflows.control.queues import describe, parse_queues, queue_problems
 
     messages: list[checks.CheckMessage] = [
         checks.Error(

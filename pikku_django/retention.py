@@ -5,7 +5,7 @@ deleted, and ``@workflow(retention=...)`` a workflow's own ("forever" keeps its 
 While either is set, the schedule ``pikku.retention`` starts the ``pikku.retention``
 workflow hourly through the workers' cron intake; its step deletes what has aged, in
 batches of ``pikku_prune``'s size, by the rule ``pikku_prune`` deletes by
-(:func:`~pikku_django.workflows._pruning.settled_runs`): never a run still going, nor
+(:func:`~pikku_django.workflows.runs._pruning.settled_runs`): never a run still going, nor
 one a live parent waits on. Webhook receipts and the heartbeats of workers gone are
 deleted after the default retention, as ``pikku_prune`` deletes them, and webhook
 digests after ``PIKKU["WEBHOOK_DIGEST_RETENTION"]``.
@@ -31,15 +31,15 @@ from pikku_django.schedules.cron import Cron
 from pikku_django.schedules.declarations import ScheduleSpec, register_builtin_schedule
 from pikku_django.webhooks.digests import expired_digests
 from pikku_django.workflows import registry
-from pikku_django.workflows._pruning import (
+from pikku_django.workflows.config import check_retention, engine_config
+from pikku_django.workflows.passes.context import WorkflowContext
+from pikku_django.workflows.runs._pruning import (
     BATCH_SIZE,
     delete_runs_and_leases,
     in_batches,
     old_receipts,
     settled_runs,
 )
-from pikku_django.workflows.config import check_retention, engine_config
-from pikku_django.workflows.context import WorkflowContext
 
 #: The built-in schedule and workflow that apply retention, and the step of their runs.
 RETENTION_WORKFLOW = "pikku.retention"

@@ -21,8 +21,8 @@ from pikku_django.workflows import (
     step,
     workflow,
 )
-from pikku_django.workflows._aio import AsyncSteps
 from pikku_django.workflows.errors import WorkflowDefinitionError
+from pikku_django.workflows.worker._event_loop import AsyncSteps
 from tests.conftest import database_alias, on_databases
 
 ALL = ("sqlite", "postgres", "mariadb")

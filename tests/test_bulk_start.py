@@ -24,19 +24,19 @@ from pikku_django.workflows import (
     WorkflowContext,
     WorkflowEngine,
     WorkflowNotFoundError,
-    _bulk_start,
     astart_workflows,
     start_workflows,
     step,
     workflow,
 )
-from pikku_django.workflows._admission import admit
 from pikku_django.workflows.api import reset_engine
+from pikku_django.workflows.control._admission import admit
 from pikku_django.workflows.registry import (
     OpeningStep,
     WorkflowDefinition,
     register_workflow_prefix,
 )
+from pikku_django.workflows.runs import _bulk_start
 from tests.conftest import database_alias, db_mark
 
 VENDORS = ("sqlite", "postgres", "mariadb")

@@ -27,13 +27,13 @@ from pikku_django.models import (
     WorkflowStep,
 )
 from pikku_django.workflows import FakeClock, WorkflowEngine, step, workflow
-from pikku_django.workflows import _carrying as carrying_module
-from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.engine import StepClaimer
 from pikku_django.workflows.errors import StepFunctionNotFoundError
+from pikku_django.workflows.passes.context import WorkflowContext
 from pikku_django.workflows.store import NewStep, Settled
 from pikku_django.workflows.store.postgresql import PostgresStore
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker import _carrying as carrying_module
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, db_mark
 
 VENDORS = ("sqlite", "postgres", "mariadb")

@@ -20,15 +20,15 @@ from django.utils import timezone
 from pikku_django.dbclock import store_now_ms
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import WorkflowContext, WorkflowEngine, step, workflow
-from pikku_django.workflows import _carrying as carrying
-from pikku_django.workflows._after_step import PassAfterStep, settle_then_claim
-from pikku_django.workflows._events import RunEvents
-from pikku_django.workflows._replay import NewClaim, Replay
-from pikku_django.workflows._runs import RunStates
 from pikku_django.workflows._values import NewStep, StepDone, StepOptions
 from pikku_django.workflows.clock import Clock
+from pikku_django.workflows.passes._after_step import PassAfterStep, settle_then_claim
+from pikku_django.workflows.passes._replay import NewClaim, Replay
+from pikku_django.workflows.runs._django_signals import RunEvents
+from pikku_django.workflows.runs._state import RunStates
 from pikku_django.workflows.store import MysqlStore, OrmStore, SqliteStore, WorkflowStore
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker import _carrying as carrying
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, db_mark, on_databases
 
 VENDORS = ("sqlite", "postgres", "mariadb")

@@ -11,9 +11,9 @@ from django.db import DatabaseError, connections
 
 from pikku_django.models import RunStatus
 from pikku_django.workflows import WorkflowEngine, step, workflow
-from pikku_django.workflows._connections import release_connections
-from pikku_django.workflows.context import WorkflowContext
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.passes.context import WorkflowContext
+from pikku_django.workflows.worker._connections import release_connections
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, on_databases
 
 PIDS: dict[str, list[int]] = {}

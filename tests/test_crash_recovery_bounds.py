@@ -32,8 +32,8 @@ from pikku_django.models import (
     WorkflowStep,
 )
 from pikku_django.workflows import WorkflowEngine
-from pikku_django.workflows._claims import PASS_RECOVERY_MARGIN
 from pikku_django.workflows.engine import run_lease_key
+from pikku_django.workflows.steps._claims import PASS_RECOVERY_MARGIN
 from tests.conftest import database_alias, on_databases
 from tests.test_crash_recovery import run_state, stop
 from tests.test_worker import finish, wait_for, worker_process

@@ -15,7 +15,7 @@ from pikku_django.leases import InMemoryLeaseService
 from pikku_django.schedules import sync_schedules
 from pikku_django.schedules.intake import ScheduleIntake
 from pikku_django.workflows import WorkflowEngine
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, on_databases
 from tests.test_schedules import (
     WORKFLOW,

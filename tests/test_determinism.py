@@ -21,7 +21,7 @@ from pikku_django.models import RunStatus, WorkflowStep
 from pikku_django.workflows import FakeClock, WorkflowContext, WorkflowEngine, step, workflow
 from pikku_django.workflows.config import EngineConfig
 from pikku_django.workflows.errors import NonDeterministicWorkflowError, StepFailedError
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, db_mark
 
 VENDORS = ("sqlite", "postgres", "mariadb")

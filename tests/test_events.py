@@ -30,7 +30,7 @@ from pikku_django.workflows import (
     workflow,
 )
 from pikku_django.workflows.errors import WorkflowDefinitionError
-from pikku_django.workflows.status import snapshot
+from pikku_django.workflows.runs.status import snapshot
 from tests.conftest import database_alias, db_mark
 
 VENDORS = ("sqlite", "postgres", "mariadb")

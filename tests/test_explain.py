@@ -20,8 +20,12 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from pikku_django.workflows._deadlines import next_deadline, overdue_runs, timed_out_suspensions
 from pikku_django.workflows._values import FirstStepAsk, RunLeaseAsk
+from pikku_django.workflows.control._deadlines import (
+    next_deadline,
+    overdue_runs,
+    timed_out_suspensions,
+)
 from pikku_django.workflows.store.postgresql import PostgresStore
 from pikku_django.workflows.store.postgresql_rows import claim_due_runs_first_params
 from pikku_django.workflows.store.postgresql_sql import statement
@@ -253,8 +257,8 @@ def _load_limits(alias: str) -> None:
 
 @pytest.mark.parametrize("vendor", [pytest.param("postgres", marks=db_mark("postgres"))])
 def test_the_limits_queries_use_indexes(vendor: str, alias: str) -> None:
-    from pikku_django.workflows import _admission, _rates
-    from pikku_django.workflows.queues import Rate
+    from pikku_django.workflows.control import _admission, _rates
+    from pikku_django.workflows.control.queues import Rate
 
     _load_limits(alias)
     store = PostgresStore(alias)
@@ -364,7 +368,7 @@ def test_the_fresh_claims_read_a_backlog_of_ready_steps_in_claim_order(
     join over every running run."""
     from django.db import transaction
 
-    from pikku_django.workflows.queues import Rate
+    from pikku_django.workflows.control.queues import Rate
 
     _load_backlog(alias, 10_000)
     with connections[alias].cursor() as cursor:

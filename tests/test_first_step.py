@@ -16,8 +16,8 @@ from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun,
 from pikku_django.workflows import WorkflowContext, WorkflowEngine, registry, step, workflow
 from pikku_django.workflows._values import StepClaimer, StepOutcome
 from pikku_django.workflows.config import EngineConfig
-from pikku_django.workflows.queues import parse_queues
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.control.queues import parse_queues
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, db_mark, fresh_database_lease_service, on_databases
 
 CLAIMER = StepClaimer("host:1:2")
@@ -317,8 +317,8 @@ def test_a_one_step_run_costs_the_worker_two_statements(
     from django.db import connections
     from django.test.utils import CaptureQueriesContext
 
-    from pikku_django.workflows import _admission
-    from pikku_django.workflows._run_hold import take_run_lease
+    from pikku_django.workflows.control import _admission
+    from pikku_django.workflows.worker._run_lease_hold import take_run_lease
 
     # No keyed runs wait here, whatever an earlier test in this process saw.
     monkeypatch.setattr(_admission, "_last_seen_waiting", {})

@@ -17,9 +17,9 @@ from django.test.utils import CaptureQueriesContext
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import FakeClock, WorkflowEngine, step, workflow
-from pikku_django.workflows._idle import IdleThreads
-from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.engine import StepClaimer
+from pikku_django.workflows.passes.context import WorkflowContext
+from pikku_django.workflows.worker._idle import IdleThreads
 from tests.conftest import database_alias, db_mark
 
 VENDORS = ("sqlite", "postgres", "mariadb")

@@ -19,9 +19,10 @@ from django.db.backends.signals import connection_created
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import RunStatus
 from pikku_django.wakeups import ChannelListener
-from pikku_django.workflows import WorkflowContext, WorkflowEngine, _idle, workflow
-from pikku_django.workflows._idle import PollCadence
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows import WorkflowContext, WorkflowEngine, workflow
+from pikku_django.workflows.worker import _idle
+from pikku_django.workflows.worker._idle import PollCadence
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, on_databases
 
 #: How long a test waits for what it expects before it fails: only a hang takes this long.

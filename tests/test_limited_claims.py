@@ -14,17 +14,11 @@ from django.test.utils import CaptureQueriesContext
 
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import QueueClaim, StepStatus, WorkflowStep
-from pikku_django.workflows import (
-    FakeClock,
-    WorkflowContext,
-    WorkflowEngine,
-    _rates,
-    step,
-    workflow,
-)
-from pikku_django.workflows._claims import IN_ORDER_EVERY
+from pikku_django.workflows import FakeClock, WorkflowContext, WorkflowEngine, step, workflow
 from pikku_django.workflows.config import EngineConfig
-from pikku_django.workflows.queues import parse_queues
+from pikku_django.workflows.control import _rates
+from pikku_django.workflows.control.queues import parse_queues
+from pikku_django.workflows.steps._claims import IN_ORDER_EVERY
 from tests.conftest import database_alias, db_mark
 
 VENDORS = ("sqlite", "postgres", "mariadb")

@@ -15,10 +15,10 @@ from pikku_django.checks import check_queue_settings
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import QueueClaim, RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import FakeClock, WorkflowContext, WorkflowEngine, step, workflow
-from pikku_django.workflows._admission import admit, admittable
-from pikku_django.workflows._rates import GROW_AT_LEAST, prune_claims
 from pikku_django.workflows.config import EngineConfig
-from pikku_django.workflows.queues import Rate, parse_queues
+from pikku_django.workflows.control._admission import admit, admittable
+from pikku_django.workflows.control._rates import GROW_AT_LEAST, prune_claims
+from pikku_django.workflows.control.queues import Rate, parse_queues
 from pikku_django.workflows.store import NewRun
 from tests.conftest import database_alias, db_mark
 

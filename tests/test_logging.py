@@ -9,7 +9,7 @@ import pytest
 
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.workflows import FakeClock, WorkflowEngine, step, workflow
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker.loop import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

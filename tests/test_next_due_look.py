@@ -13,7 +13,7 @@ import pytest
 
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.workflows import FakeClock, WorkflowContext, WorkflowEngine, workflow
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, on_databases
 
 ALL = ("sqlite", "postgres", "mariadb")

@@ -19,7 +19,7 @@ DIALECTS = (
     "wakeups/channels.py",  # which database carries notifications
     "webhooks/sql.py",  # the webhook tables' statements, per database
     "webhooks/digests.py",  # the digest claim, per database
-    "workflows/pauses.py",  # the open-transactions query, per database
+    "workflows/control/pauses.py",  # the open-transactions query, per database
     "dbclock.py",  # the clock's SQL, per database
     "prepared.py",  # server-side prepared statements (PostgreSQL's driver)
     "pooling.py",  # which databases a PostgreSQL pooler (PgBouncer) can stand in front of

@@ -16,8 +16,8 @@ from django.utils import timezone
 from pikku_django.leases import LeaseService, get_lease_service
 from pikku_django.models import Lease, RunStatus, WorkflowRun
 from pikku_django.workflows import WorkflowEngine, workflow
-from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.engine import run_lease_key
+from pikku_django.workflows.passes.context import WorkflowContext
 from tests.conftest import database_alias, on_databases, require_service
 
 

@@ -27,7 +27,7 @@ from pikku_django.workflows import (
     step,
     workflow,
 )
-from pikku_django.workflows._pauses import paused_look
+from pikku_django.workflows.control._pause_conditions import paused_look
 from pikku_django.workflows.engine import StepClaimer
 from tests.conftest import database_alias, db_mark
 

@@ -19,7 +19,7 @@ from django.urls import reverse
 
 from pikku_django.models import QueuePause, RunStatus, StepKind
 from pikku_django.workflows import pause_queue, paused_queues
-from pikku_django.workflows._pauses import paused_look
+from pikku_django.workflows.control._pause_conditions import paused_look
 from tests.factories import WorkflowRunFactory, WorkflowStepFactory
 
 QUEUES = "admin:pikku_django_workflowrun_queues"

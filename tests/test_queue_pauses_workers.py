@@ -16,7 +16,7 @@ import pytest
 
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import WorkflowEngine, pause_queue, paused_queues, resume_queue
-from pikku_django.workflows._pauses import paused_look
+from pikku_django.workflows.control._pause_conditions import paused_look
 from tests.conftest import database_alias, on_databases
 from tests.test_worker import finish, wait_for, worker_process
 

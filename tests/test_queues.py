@@ -21,7 +21,7 @@ from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import StepAttempt, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.workflows import FakeClock, WorkflowContext, WorkflowEngine, step, workflow
 from pikku_django.workflows.config import EngineConfig
-from pikku_django.workflows.queues import QueueSettings, Rate, parse_queues, parse_rate
+from pikku_django.workflows.control.queues import QueueSettings, Rate, parse_queues, parse_rate
 from tests.conftest import database_alias, db_mark
 
 VENDORS = ("sqlite", "postgres", "mariadb")

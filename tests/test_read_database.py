@@ -39,7 +39,7 @@ from pikku_django.webhooks import credential_name, set_credential
 from pikku_django.webhooks.lifecycle import sync
 from pikku_django.workflows import start_workflow
 from pikku_django.workflows.api import get_engine, reset_engine
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker.loop import Worker
 from tests import webhook_defs  # noqa: F401  (declares the wh-github source)
 from tests.conftest import DATABASE_ALIASES, database_alias
 from tests.factories import WorkflowRunFactory

@@ -18,10 +18,10 @@ from django.test import override_settings
 
 from pikku_django.models import RunStatus, WorkflowStep
 from pikku_django.workflows import WorkflowEngine, step, workflow
-from pikku_django.workflows._after_step import PassAfterStep
-from pikku_django.workflows._replay import Replay
-from pikku_django.workflows.context import WorkflowContext
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.passes._after_step import PassAfterStep
+from pikku_django.workflows.passes._replay import Replay
+from pikku_django.workflows.passes.context import WorkflowContext
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, on_databases
 
 STEPS = 200

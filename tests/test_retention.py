@@ -22,7 +22,7 @@ from pikku_django.retention import RETENTION_WORKFLOW, apply_retention
 from pikku_django.schedules import sync_schedules
 from pikku_django.schedules.ticks import forget_process_state
 from pikku_django.workflows import WorkflowEngine, registry, workflow
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, on_databases
 from tests.factories import WorkflowRunFactory, WorkflowStepFactory
 

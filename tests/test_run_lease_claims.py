@@ -21,7 +21,7 @@ from pikku_django.models import Lease as LeaseRow
 from pikku_django.models import RunStatus, WorkflowRun
 from pikku_django.workflows import WorkflowContext, WorkflowEngine, step, workflow
 from pikku_django.workflows.engine import run_lease_key
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, on_databases
 
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import WorkflowRun
 from pikku_django.workflows import WorkflowEngine
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, on_databases
 
 

@@ -25,8 +25,8 @@ from pikku_django.testing.workflows import (
 )
 from pikku_django.workflows import FakeClock, WorkflowEngine, workflow
 from pikku_django.workflows.engine import ClaimedStep
-from pikku_django.workflows.step_lease import keep_step_lease, renewal_interval_s
-from pikku_django.workflows.worker import wake_stalled_runs
+from pikku_django.workflows.steps.step_lease import keep_step_lease, renewal_interval_s
+from pikku_django.workflows.worker.loop import wake_stalled_runs
 from tests.conftest import database_alias, on_databases
 
 ALL = ("sqlite", "postgres", "mariadb")
@@ -205,7 +205,7 @@ def test_renewals_never_overlap_and_come_every_half_lease(vendor: str) -> None:
 def test_short_lease_still_renews_in_time_and_warns_once(
     vendor: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import pikku_django.workflows.step_lease as worker_module
+    import pikku_django.workflows.steps.step_lease as worker_module
 
     caplog.set_level(logging.WARNING, logger="pikku_django")
     worker_module._warned_short_lease = False

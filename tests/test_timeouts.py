@@ -36,8 +36,8 @@ from pikku_django.workflows import (
     step,
     workflow,
 )
-from pikku_django.workflows.step_lease import keep_step_lease
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.steps.step_lease import keep_step_lease
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, db_mark
 from tests.factories import WorkflowRunFactory, WorkflowStepFactory
 

@@ -21,7 +21,7 @@ from pikku_django.workflows import (
     step,
     workflow,
 )
-from pikku_django.workflows._version_ids import code_version
+from pikku_django.workflows.runs._version_ids import code_version
 from tests.conftest import database_alias, db_mark
 
 VENDORS = ("sqlite", "postgres", "mariadb")

@@ -29,10 +29,11 @@ from pikku_django.wakeups import (
     worker_poll_interval,
 )
 from pikku_django.wakeups.checks import check_wakeups
-from pikku_django.workflows import WorkflowContext, WorkflowEngine, _idle, workflow
-from pikku_django.workflows._run_waits import wait_for_run
+from pikku_django.workflows import WorkflowContext, WorkflowEngine, workflow
 from pikku_django.workflows.api import reset_engine
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.runs._waits import wait_for_run
+from pikku_django.workflows.worker import _idle
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, on_databases
 
 #: How long a test waits for what it expects before it fails: only a hang takes this long.

@@ -16,7 +16,7 @@ from django.core import checks
 
 from pikku_django.models import RunStatus, WorkflowRun
 from pikku_django.schedules.intake import ScheduleIntake
-from pikku_django.workflows.intake import intakes
+from pikku_django.workflows.worker.intake import intakes
 from tests.conftest import database_alias, on_databases
 from tests.test_worker import finish, wait_for, worker_process
 

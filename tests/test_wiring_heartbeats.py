@@ -13,8 +13,8 @@ from django.utils import timezone
 from pikku_django.heartbeats import is_alive, recent_workers, record_heartbeat
 from pikku_django.models import WorkerHeartbeat
 from pikku_django.workflows import WorkflowEngine
-from pikku_django.workflows._heartbeat import WorkerHeartbeats
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker._heartbeat import WorkerHeartbeats
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, on_databases
 from tests.test_worker import finish, wait_for, worker_process
 

@@ -27,7 +27,7 @@ from pikku_django.models import (
 from pikku_django.wakeups import WORK_CHANNEL as CHANNEL
 from pikku_django.webhooks.sql import NewEvent, store_event
 from pikku_django.workflows import WorkflowEngine
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, on_databases
 from tests.testapp.models import Effect
 

@@ -20,8 +20,8 @@ from django.utils import timezone
 
 from pikku_django.dbclock import store_now_ms
 from pikku_django.models import QueueClaim, StepAttempt, WorkflowRun, WorkflowStep
-from pikku_django.workflows._rates import grow_slots, take_slots
-from pikku_django.workflows.queues import Rate
+from pikku_django.workflows.control._rates import grow_slots, take_slots
+from pikku_django.workflows.control.queues import Rate
 from pikku_django.workflows.store import WorkflowStore
 from pikku_django.workflows.store.base import FreshClaims
 from tests.test_workflow_store import STORES, make_store

@@ -20,7 +20,7 @@ from django.utils.translation import gettext_lazy
 from pikku_django.admin._typing import AdminMixin
 from pikku_django.admin.formatting import workflow_database
 from pikku_django.models import QueuePause
-from pikku_django.workflows.pauses import (
+from pikku_django.workflows.control.pauses import (
     QUEUE_NAME_MAX,
     PauseChange,
     pause_queue,

@@ -27,9 +27,9 @@ from pikku_django.admin.queue_pauses import QueuePausesMixin
 from pikku_django.dbclock import store_now_ms
 from pikku_django.models import StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.models.workflows import WAITING_STEP_STATUSES
-from pikku_django.workflows._rates import recent_claims
 from pikku_django.workflows.config import engine_config
-from pikku_django.workflows.pauses import PausedQueue, paused_queues
+from pikku_django.workflows.control._rates import recent_claims
+from pikku_django.workflows.control.pauses import PausedQueue, paused_queues
 from pikku_django.workflows.store import store_for
 
 #: The most concurrency keys the page lists (those waiting longest first).

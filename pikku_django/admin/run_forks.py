@@ -30,7 +30,7 @@ from pikku_django.admin.formatting import (
 from pikku_django.admin.run_page import fork_links
 from pikku_django.admin.steering import ConfirmForm
 from pikku_django.models import WorkflowRun, WorkflowStep
-from pikku_django.workflows.forks import ForkRefusedError, fork_run, preview_fork
+from pikku_django.workflows.runs.forks import ForkRefusedError, fork_run, preview_fork
 
 logger = logging.getLogger(__name__)
 

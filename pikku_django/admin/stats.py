@@ -19,7 +19,7 @@ from pikku_django.models import (
     WorkflowRun,
     WorkflowStep,
 )
-from pikku_django.workflows.pauses import PausedQueue, paused_queues
+from pikku_django.workflows.control.pauses import PausedQueue, paused_queues
 
 #: The dashboard's window and its resolution.
 WINDOW = timedelta(hours=24)

@@ -8,7 +8,7 @@ from django.utils.translation import gettext_lazy as _
 
 class QueueClaim(models.Model):
     """One of a rated queue's ``count`` slots, stamped with the store's time of the
-    last claim that used it (see ``pikku_django.workflows._rates``).
+    last claim that used it (see ``pikku_django.workflows.control._rates``).
 
     A slot is free again one period after its stamp; a queue has at most as many
     slots as its rate's count.

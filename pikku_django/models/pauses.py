@@ -9,7 +9,7 @@ from django.utils.translation import gettext_lazy as _
 
 class QueuePause(models.Model):
     """A paused queue: since when, by whom and why (see
-    ``pikku_django.workflows.pauses``).
+    ``pikku_django.workflows.control.pauses``).
 
     Every claim of a queued step checks this table in the statement that takes the
     step, so a pause holds across every worker and survives restarts; resuming the

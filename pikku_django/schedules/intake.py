@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from pikku_django.schedules.store import schedules
 from pikku_django.schedules.ticks import start_due_ticks
-from pikku_django.workflows.intake import RunStarter, register_intake
+from pikku_django.workflows.worker.intake import RunStarter, register_intake
 
 
 class ScheduleIntake:

@@ -23,10 +23,9 @@ from pikku_django.tasks.naming import (
     STEP_NAME,
     WORKFLOW_PREFIX,
 )
-from pikku_django.workflows._current import current_claim
 from pikku_django.workflows.api import get_engine
-from pikku_django.workflows.context import WorkflowContext
 from pikku_django.workflows.errors import NotSerializableError, WorkflowError, serialize_error
+from pikku_django.workflows.passes.context import WorkflowContext
 from pikku_django.workflows.registry import (
     OpeningStep,
     WorkflowDefinition,
@@ -34,6 +33,7 @@ from pikku_django.workflows.registry import (
     register_workflow_prefix,
     step,
 )
+from pikku_django.workflows.steps._current import current_claim
 
 
 class TaskExitedError(WorkflowError):

@@ -12,7 +12,7 @@ from typing import Any
 from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import close_old_connections
 
-from pikku_django.workflows.status import RunSnapshot, notifications, snapshot
+from pikku_django.workflows.runs.status import RunSnapshot, notifications, snapshot
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from django.views.decorators.http import require_GET
 from pikku_django.conf import pikku_settings
 from pikku_django.read_database import read_database
 from pikku_django.views._aio import ChangeWaiter, read_snapshot, release_request_thread
-from pikku_django.workflows.status import RunSnapshot, notifications, snapshot
+from pikku_django.workflows.runs.status import RunSnapshot, notifications, snapshot
 
 logger = logging.getLogger(__name__)
 

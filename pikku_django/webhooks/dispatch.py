@@ -26,9 +26,9 @@ from pikku_django.webhooks.sql import (
     store_event,
 )
 from pikku_django.workflows._dberrors import is_transient
-from pikku_django.workflows.intake import RunStarter, register_intake
 from pikku_django.workflows.registry import get_step, step, workflow
 from pikku_django.workflows.store import NewRun
+from pikku_django.workflows.worker.intake import RunStarter, register_intake
 
 logger = logging.getLogger(__name__)
 

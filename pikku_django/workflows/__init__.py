@@ -9,18 +9,6 @@ from pikku_django.workflows._async_api import (
     aworkflow_status,
     workflow_status,
 )
-from pikku_django.workflows._bulk_start import BulkStartOptions
-from pikku_django.workflows._fanout import Branch, JoinPolicy, Outcome, ParallelGroup
-from pikku_django.workflows._run_options import RunOptions
-from pikku_django.workflows._sending import RunExchange
-from pikku_django.workflows._signals_in import (
-    TIMED_OUT,
-    EventOutcome,
-    EventTimeout,
-    RunKey,
-    SentEvent,
-)
-from pikku_django.workflows._starting import StartOptions
 from pikku_django.workflows.api import (
     await_run,
     cancel_workflow,
@@ -35,8 +23,24 @@ from pikku_django.workflows.api import (
     wait_for_run,
 )
 from pikku_django.workflows.clock import Clock, FakeClock
+from pikku_django.workflows.compose._events import (
+    TIMED_OUT,
+    EventOutcome,
+    EventTimeout,
+    RunKey,
+    SentEvent,
+)
+from pikku_django.workflows.compose._parallel import Branch, JoinPolicy, Outcome, ParallelGroup
 from pikku_django.workflows.config import EngineConfig
-from pikku_django.workflows.context import WorkflowContext
+from pikku_django.workflows.control.pauses import (
+    PauseChange,
+    PausedQueue,
+    QueuePauseResult,
+    pause_queue,
+    paused_queues,
+    resume_queue,
+)
+from pikku_django.workflows.control.queues import QueueSettings, Rate
 from pikku_django.workflows.engine import ClaimedStep, StepOutcome, Wake, WorkflowEngine
 from pikku_django.workflows.errors import (
     NonDeterministicWorkflowError,
@@ -56,25 +60,21 @@ from pikku_django.workflows.errors import (
     WorkflowStepSupersededError,
     WorkflowTimeoutError,
 )
-from pikku_django.workflows.forks import ForkRefusal, ForkRefusedError, fork_run
-from pikku_django.workflows.intake import (
+from pikku_django.workflows.passes.context import WorkflowContext
+from pikku_django.workflows.registry import PRIORITY_MAX, PRIORITY_MIN, step, workflow
+from pikku_django.workflows.runs._bulk_start import BulkStartOptions
+from pikku_django.workflows.runs._options import RunOptions
+from pikku_django.workflows.runs._sending import RunExchange
+from pikku_django.workflows.runs._starting import StartOptions
+from pikku_django.workflows.runs.forks import ForkRefusal, ForkRefusedError, fork_run
+from pikku_django.workflows.runs.status import RunSnapshot
+from pikku_django.workflows.store import NewRun
+from pikku_django.workflows.worker.intake import (
     Intake,
     register_intake,
     start_waiting_runs,
     unregister_intake,
 )
-from pikku_django.workflows.pauses import (
-    PauseChange,
-    PausedQueue,
-    QueuePauseResult,
-    pause_queue,
-    paused_queues,
-    resume_queue,
-)
-from pikku_django.workflows.queues import QueueSettings, Rate
-from pikku_django.workflows.registry import PRIORITY_MAX, PRIORITY_MIN, step, workflow
-from pikku_django.workflows.status import RunSnapshot
-from pikku_django.workflows.store import NewRun
 
 __all__ = [
     "PRIORITY_MAX",

@@ -14,8 +14,6 @@ from typing import Any, Unpack
 from asgiref.sync import sync_to_async
 
 from pikku_django.models import WorkflowRun
-from pikku_django.workflows._bulk_start import BulkStartOptions
-from pikku_django.workflows._starting import StartOptions
 from pikku_django.workflows.api import (
     cancel_workflow,
     get_engine,
@@ -25,7 +23,9 @@ from pikku_django.workflows.api import (
     start_workflows,
 )
 from pikku_django.workflows.errors import WorkflowRunNotFoundError
-from pikku_django.workflows.status import RunSnapshot, snapshot
+from pikku_django.workflows.runs._bulk_start import BulkStartOptions
+from pikku_django.workflows.runs._starting import StartOptions
+from pikku_django.workflows.runs.status import RunSnapshot, snapshot
 
 
 async def astart_workflow(

@@ -8,11 +8,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Unpack
 
 from pikku_django.models import WorkflowRun
-from pikku_django.workflows._bulk_start import BulkStartOptions
-from pikku_django.workflows._sending import RunRef
-from pikku_django.workflows._signals_in import SentEvent
-from pikku_django.workflows._starting import StartOptions
+from pikku_django.workflows.compose._events import SentEvent
 from pikku_django.workflows.engine import WorkflowEngine
+from pikku_django.workflows.runs._bulk_start import BulkStartOptions
+from pikku_django.workflows.runs._sending import RunRef
+from pikku_django.workflows.runs._starting import StartOptions
 
 _lock = threading.Lock()
 _engine: WorkflowEngine | None = None

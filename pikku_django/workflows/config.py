@@ -13,8 +13,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from pikku_django.conf import pikku_settings
+from pikku_django.workflows.control.queues import QueueSettings, Rate, parse_queues
 from pikku_django.workflows.durations import parse_duration
-from pikku_django.workflows.queues import QueueSettings, Rate, parse_queues
 
 
 @dataclass(frozen=True)

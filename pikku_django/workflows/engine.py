@@ -26,20 +26,6 @@ from django.db.models import QuerySet
 
 from pikku_django.leases import HeldLease, LeaseService, hold_lease
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
-from pikku_django.workflows._after_step import AfterStep, PassAfterStep
-from pikku_django.workflows._bulk_start import BulkStarter, BulkStartOptions
-from pikku_django.workflows._claims import Claims
-from pikku_django.workflows._deadlines import RunDeadlines
-from pikku_django.workflows._events import RunEvents
-from pikku_django.workflows._execution import Execution
-from pikku_django.workflows._first_step import FirstSteps
-from pikku_django.workflows._inline import InlineDriver
-from pikku_django.workflows._inline_steps import InlineSteps
-from pikku_django.workflows._lifecycle import RunLifecycle
-from pikku_django.workflows._replay import Replay
-from pikku_django.workflows._runs import LEASE_TAKEN_RETRY, RunStates
-from pikku_django.workflows._sending import RunExchange
-from pikku_django.workflows._starting import RunStarts, StartOptions
 from pikku_django.workflows._values import (
     CarriedRun,
     ClaimedStep,
@@ -55,8 +41,22 @@ from pikku_django.workflows._values import (
 )
 from pikku_django.workflows.clock import Clock
 from pikku_django.workflows.config import EngineConfig, engine_config
-from pikku_django.workflows.intake import start_waiting_runs
+from pikku_django.workflows.control._deadlines import RunDeadlines
+from pikku_django.workflows.passes._after_step import AfterStep, PassAfterStep
+from pikku_django.workflows.passes._inline_runs import InlineDriver
+from pikku_django.workflows.passes._inline_steps import InlineSteps
+from pikku_django.workflows.passes._replay import Replay
+from pikku_django.workflows.runs._bulk_start import BulkStarter, BulkStartOptions
+from pikku_django.workflows.runs._django_signals import RunEvents
+from pikku_django.workflows.runs._first_step import FirstSteps
+from pikku_django.workflows.runs._lifecycle import RunLifecycle
+from pikku_django.workflows.runs._sending import RunExchange
+from pikku_django.workflows.runs._starting import RunStarts, StartOptions
+from pikku_django.workflows.runs._state import LEASE_TAKEN_RETRY, RunStates
+from pikku_django.workflows.steps._claims import Claims
+from pikku_django.workflows.steps._execution import Execution
 from pikku_django.workflows.store import NewRun, WorkflowStore, store_for
+from pikku_django.workflows.worker.intake import start_waiting_runs
 
 __all__ = [
     "LEASE_TAKEN_RETRY",

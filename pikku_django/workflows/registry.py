@@ -18,14 +18,14 @@ from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 
 from pikku_django.models.fields import readable
-from pikku_django.workflows._concurrency import (
+from pikku_django.workflows.config import check_max_steps, check_retention
+from pikku_django.workflows.control._concurrency import (
     KeyDefault,
     check_concurrency_limit,
     check_key_default,
 )
-from pikku_django.workflows._version_ids import check_version, code_version
-from pikku_django.workflows.config import check_max_steps, check_retention
 from pikku_django.workflows.durations import Duration, parse_duration
+from pikku_django.workflows.runs._version_ids import check_version, code_version
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -13,7 +13,7 @@ from pikku_django.admin.queries import describe, with_list_columns
 from pikku_django.management.output import shown
 from pikku_django.models import WorkflowRun
 from pikku_django.workflows.errors import WorkflowError
-from pikku_django.workflows.forks import ForkPoint, StepRef, fork_run, preview_fork
+from pikku_django.workflows.runs.forks import ForkPoint, StepRef, fork_run, preview_fork
 
 logger = logging.getLogger(__name__)
 

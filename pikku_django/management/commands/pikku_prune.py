@@ -14,14 +14,14 @@ from pikku_django.heartbeats import prune_heartbeats
 from pikku_django.models import WebhookDigest, WebhookReceipt, WorkerHeartbeat
 from pikku_django.schema import require_migrated
 from pikku_django.webhooks.digests import expired_digests
-from pikku_django.workflows._pruning import (
+from pikku_django.workflows.durations import parse_duration
+from pikku_django.workflows.runs._pruning import (
     BATCH_SIZE,
     delete_runs_and_leases,
     in_batches,
     old_receipts,
     settled_runs,
 )
-from pikku_django.workflows.durations import parse_duration
 
 
 class Command(BaseCommand):

@@ -13,7 +13,7 @@ from pikku_django.management.output import format_table, shown, yes_no
 from pikku_django.models import WorkflowStep
 from pikku_django.schema import require_migrated
 from pikku_django.workflows.config import engine_config
-from pikku_django.workflows.pauses import (
+from pikku_django.workflows.control.pauses import (
     PauseChange,
     QueuePauseResult,
     pause_queue,

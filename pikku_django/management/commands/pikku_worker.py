@@ -15,7 +15,7 @@ from pikku_django.conf import pikku_settings
 from pikku_django.logging import LogFormat, configure_worker_logging
 from pikku_django.schema import require_migrated
 from pikku_django.workflows.engine import WorkflowEngine
-from pikku_django.workflows.worker import Worker
+from pikku_django.workflows.worker.loop import Worker
 
 logger = logging.getLogger("pikku_django.worker")
 

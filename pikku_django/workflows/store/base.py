@@ -21,8 +21,6 @@ from django.db.models import QuerySet
 
 from pikku_django.leases.base import Lease
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
-from pikku_django.workflows._pauses import paused_look
-from pikku_django.workflows._run_options import RunOptions
 from pikku_django.workflows._values import (
     Chained,
     DueRun,
@@ -34,7 +32,9 @@ from pikku_django.workflows._values import (
     Wake,
 )
 from pikku_django.workflows.config import EngineConfig, engine_config
-from pikku_django.workflows.queues import Rate
+from pikku_django.workflows.control._pause_conditions import paused_look
+from pikku_django.workflows.control.queues import Rate
+from pikku_django.workflows.runs._options import RunOptions
 from pikku_django.workflows.store.bulk_starts import BulkStarts
 from pikku_django.workflows.store.decisions import Decision
 from pikku_django.workflows.store.fork import RunForks

@@ -1,5 +1,5 @@
 """The store's one write of a fork: a new run with the kept steps of the run it
-re-runs copied into it (see :mod:`pikku_django.workflows.forks`)."""
+re-runs copied into it (see :mod:`pikku_django.workflows.runs.forks`)."""
 
 from __future__ import annotations
 

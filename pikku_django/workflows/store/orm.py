@@ -25,8 +25,8 @@ from pikku_django.models import (
     WorkflowRun,
     WorkflowStep,
 )
-from pikku_django.workflows._pauses import paused, paused_look, without_paused
 from pikku_django.workflows._values import DueRun, NewStep, NextDue, Settled, Wake
+from pikku_django.workflows.control._pause_conditions import paused, paused_look, without_paused
 from pikku_django.workflows.store.base import NewRun
 from pikku_django.workflows.store.orm_claims import OrmClaims
 from pikku_django.workflows.store.step_writes import running_attempt

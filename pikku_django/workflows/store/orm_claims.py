@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from pikku_django.dbclock import EpochMs
 from pikku_django.models import AttemptStatus, RunStatus, StepKind, StepStatus, WorkflowStep
-from pikku_django.workflows._pauses import paused
+from pikku_django.workflows.control._pause_conditions import paused
 from pikku_django.workflows.errors import WorkflowStepLeaseExpiredError, serialize_error
 from pikku_django.workflows.store.base import WorkflowStore
 from pikku_django.workflows.store.decisions import Decision, Verdict

@@ -16,8 +16,8 @@ from pikku_django.leases.base import Lease
 from pikku_django.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from pikku_django.prepared import fetch, fetch_one
 from pikku_django.wakeups import RUN_DONE_CHANNEL, WORK_CHANNEL, announce, announcer
-from pikku_django.workflows._pauses import paused_look
 from pikku_django.workflows._values import Chained, NewStep, Settled, StepDone, Wake
+from pikku_django.workflows.control._pause_conditions import paused_look
 from pikku_django.workflows.store.base import NewRun
 from pikku_django.workflows.store.postgresql_claims import PostgresClaims
 from pikku_django.workflows.store.postgresql_rows import (

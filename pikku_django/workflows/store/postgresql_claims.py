@@ -18,10 +18,10 @@ from django.utils import timezone
 from pikku_django.leases.base import Lease
 from pikku_django.models import WorkflowRun, WorkflowStep
 from pikku_django.prepared import fetch, fetch_one
-from pikku_django.workflows._pauses import paused_look
 from pikku_django.workflows._values import DueRun, FirstStepClaimed, NewStep, RunLeaseAsk
+from pikku_django.workflows.control._pause_conditions import paused_look
+from pikku_django.workflows.control.queues import Rate
 from pikku_django.workflows.errors import WorkflowStepLeaseExpiredError, serialize_error
-from pikku_django.workflows.queues import Rate
 from pikku_django.workflows.store.base import LimitedClaim
 from pikku_django.workflows.store.decisions import Decision, Verdict
 from pikku_django.workflows.store.orm import OrmStore, queue_lock_name

@@ -17,8 +17,8 @@ from pikku_django.leases.base import Lease
 from pikku_django.models import RunStatus, StepStatus
 from pikku_django.models.fields import decode_stored_json
 from pikku_django.wakeups import RUN_DONE_CHANNEL, WORK_CHANNEL
-from pikku_django.workflows._child_outcome import child_step_outcome
 from pikku_django.workflows._values import FirstStepAsk, NewStep, RunLeaseAsk, StepDone
+from pikku_django.workflows.compose._child_outcome import child_step_outcome
 from pikku_django.workflows.store.postgresql_sql import NEW_STEP_FIELDS, insert_fields
 
 

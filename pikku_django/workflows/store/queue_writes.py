@@ -14,7 +14,7 @@ from django.db.models.expressions import CombinedExpression
 from pikku_django.dbclock import EpochMs
 from pikku_django.models import QueueClaim, QueuePause
 
-logger = logging.getLogger("pikku_django.workflows.pauses")
+logger = logging.getLogger("pikku_django.workflows.control.pauses")
 
 #: The transactions open on the connection's database but its own, by vendor: each
 #: row names one (a process and when its transaction began, or InnoDB's id for it).

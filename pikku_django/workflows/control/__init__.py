@@ -1,0 +1,2 @@
+"""Flow control: per-key concurrency, queue rate limits, queue pauses, deadlines and
+debounced starts."""
