@@ -56,17 +56,9 @@ def run_row(
         input=payload,
         inline=inline,
         idempotency_key=idempotency_key,
-        priority=options.priority,
-        queue=options.queue,
-        start_at=options.start_at,
-        deadline_at=options.deadline_at,
-        # A keyed run waits, not due, until a worker gives it a slot.
-        concurrency_key=options.concurrency_key,
-        concurrency_limit=options.concurrency_limit,
-        key_waiting=keyed,
-        wake_at=None if inline or keyed else due,
         trace_context=current_trace_context(),
         version=definition.version,
+        **options.run_columns(now, inline=inline),
     )
     opening = None if inline or keyed else opening_step(definition, run, config)
     if opening is not None:

@@ -38,6 +38,21 @@ class RunOptions:
         """When the run's first pass falls due, started at ``now``."""
         return now if self.start_at is None or self.start_at < now else self.start_at
 
+    def run_columns(self, now: datetime, *, inline: bool = False) -> dict[str, Any]:
+        """A new run's columns these options set, started at ``now``: a keyed run
+        waits, not due, until a worker gives it a slot; an inline run is not due."""
+        keyed = self.concurrency_key is not None
+        return {
+            "priority": self.priority,
+            "queue": self.queue,
+            "start_at": self.start_at,
+            "deadline_at": self.deadline_at,
+            "concurrency_key": self.concurrency_key,
+            "concurrency_limit": self.concurrency_limit,
+            "key_waiting": keyed,
+            "wake_at": None if inline or keyed else self.due_at(now),
+        }
+
 
 def resolve_run_options(
     definition: WorkflowDefinition,

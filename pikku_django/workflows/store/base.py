@@ -67,6 +67,16 @@ class NewRun:
     def run_options(self) -> RunOptions:
         return self.options or RunOptions()
 
+    def row(self, now: datetime) -> WorkflowRun:
+        """The new run's row, due at ``now`` (or its own later ``start_at``): no opening
+        or first step, and no trace context or version, as intakes have always made it."""
+        return WorkflowRun(
+            workflow=self.workflow,
+            input=self.input,
+            idempotency_key=self.idempotency_key,
+            **self.run_options.run_columns(now),
+        )
+
 
 @dataclass(frozen=True)
 class LimitedClaim:

@@ -28,6 +28,7 @@ from pikku_django.models import (
 from pikku_django.workflows._values import DueRun, NewStep, NextDue, Settled, Wake
 from pikku_django.workflows.control._pause_conditions import paused, paused_look, without_paused
 from pikku_django.workflows.store.base import NewRun
+from pikku_django.workflows.store.bulk_starts import scheduled_steps
 from pikku_django.workflows.store.orm_claims import OrmClaims
 from pikku_django.workflows.store.step_writes import running_attempt
 
@@ -388,35 +389,20 @@ class OrmStore(OrmClaims):
         with self.atomic():
             run.save(force_insert=True, using=self.using)
             if opening is not None:
-                self.steps().create(
-                    **opening.columns(), status=StepStatus.SCHEDULED, available_at=due_at
-                )
+                (step,) = scheduled_steps([(opening, due_at)])
+                step.save(force_insert=True, using=self.using)
             if not run.inline:
                 self.notify()
 
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
         ids = []
         for new in runs:
-            options = new.run_options
             key = new.idempotency_key
             turn = contextlib.nullcontext() if key is None else self.key_turn(new.workflow, key)
             try:
                 with turn, self.atomic():
-                    run = self.runs().create(
-                        workflow=new.workflow,
-                        input=new.input,
-                        idempotency_key=new.idempotency_key,
-                        priority=options.priority,
-                        queue=options.queue,
-                        start_at=options.start_at,
-                        concurrency_key=options.concurrency_key,
-                        concurrency_limit=options.concurrency_limit,
-                        key_waiting=options.concurrency_key is not None,
-                        deadline_at=options.deadline_at,
-                        wake_at=None
-                        if options.concurrency_key is not None
-                        else options.due_at(wake_at),
-                    )
+                    run = new.row(wake_at)
+                    run.save(force_insert=True, using=self.using)
                 ids.append(run.id)
             except IntegrityError:
                 if key is None:

@@ -13,12 +13,13 @@ from django.db import connections
 from django.utils import timezone
 
 from pikku_django.leases.base import Lease
-from pikku_django.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.models import RunStatus, StepStatus, WorkflowRun
 from pikku_django.prepared import fetch, fetch_one
 from pikku_django.wakeups import RUN_DONE_CHANNEL, WORK_CHANNEL, announce, announcer
 from pikku_django.workflows._values import Chained, NewStep, Settled, StepDone, Wake
 from pikku_django.workflows.control._pause_conditions import paused_look
 from pikku_django.workflows.store.base import NewRun
+from pikku_django.workflows.store.bulk_starts import saved, scheduled_steps
 from pikku_django.workflows.store.postgresql_claims import PostgresClaims
 from pikku_django.workflows.store.postgresql_rows import (
     claimed_params,
@@ -28,6 +29,7 @@ from pikku_django.workflows.store.postgresql_rows import (
     jsonb_form,
     jsonb_text,
     loads,
+    start_runs_params,
     step_done_params,
     step_params,
 )
@@ -257,9 +259,7 @@ class PostgresStore(PostgresClaims):
     ) -> None:
         params = insert_values(run)
         if opening is not None:
-            step = WorkflowStep(
-                **opening.columns(), status=StepStatus.SCHEDULED, available_at=due_at
-            )
+            (step,) = scheduled_steps([(opening, due_at)])
             params.extend(insert_values(step))
         announcing = self.notifying and not run.inline
         # A busy process announces one start in a window, and the rest after it.
@@ -269,43 +269,36 @@ class PostgresStore(PostgresClaims):
         fetch(self.using, statement(name), [*params, WORK_CHANNEL] if announce else params)
         if announcing and not announce:
             announcer.after_commit(self.using)
-        run._state.adding = False
-        run._state.db = self.using
+        saved([run], {run.id}, self.using)
+
+    def insert_runs(
+        self, runs: Sequence[WorkflowRun], openings: Sequence[tuple[NewStep, datetime]]
+    ) -> set[uuid.UUID]:
+        if not runs:
+            return set()
+        steps = scheduled_steps(openings)
+        name = "start_runs" + ("_with_steps" if steps else "")
+        params = start_runs_params(runs, steps)
+        if self.notifying:  # one announcement for the batch, sent as it commits
+            name, params = name + "_announced", [*params, WORK_CHANNEL]
+        made = {row[0] for row in fetch(self.using, statement(name), params)}
+        saved(runs, made, self.using)
+        return made
 
     def create_runs(self, runs: Sequence[NewRun], wake_at: datetime) -> list[uuid.UUID]:
-        if not runs:
-            return []
-        if any(new.run_options.concurrency_key is not None for new in runs):
-            return super().create_runs(runs, wake_at)  # keyed runs wait for a slot
-        now = timezone.now()
-        ids = [uuid.uuid4() for _ in runs]
-        params = [
-            RunStatus.RUNNING,
-            wake_at,
-            now,
-            now,
-            ids,
-            [new.workflow for new in runs],
-            [jsonb(new.input) for new in runs],
-            [new.idempotency_key for new in runs],
-            [new.run_options.priority for new in runs],
-            [new.run_options.queue for new in runs],
-            [new.run_options.start_at for new in runs],
-            [new.run_options.deadline_at for new in runs],
-        ]
-        made = {row[0] for row in fetch(self.using, statement("create_runs"), params)}
-        if len(made) < len(runs):  # some keys were taken (or repeated): those runs exist
+        rows = [new.row(wake_at) for new in runs]
+        made = self.insert_runs(rows, [])
+        ids = [row.id for row in rows]
+        if len(made) < len(rows):  # some keys were taken (or repeated): those runs exist
             taken = [new for i, new in zip(ids, runs, strict=True) if i not in made]
-            rows = fetch(
+            found = fetch(
                 self.using,
                 statement("runs_with_keys"),
                 [[new.workflow for new in taken], [new.idempotency_key for new in taken]],
             )
-            existing = {(w, k): i for i, w, k in rows}
+            existing = {(w, k): i for i, w, k in found}
             ids = [
                 i if i in made else existing[(new.workflow, new.idempotency_key)]
                 for i, new in zip(ids, runs, strict=True)
             ]
-        if made:
-            self.notify()
         return ids

@@ -72,6 +72,16 @@ def insert_values(obj: Any) -> list[Any]:
     return values
 
 
+def start_runs_params(runs: Sequence[Any], steps: Sequence[Any]) -> list[Any]:
+    """The parameters of ``start_runs`` (and its forms with steps): an array per
+    inserted column of the new ``runs``, then of their opening ``steps``."""
+    return [
+        list(column)
+        for objs in (runs, steps)
+        for column in zip(*(insert_values(obj) for obj in objs), strict=True)
+    ]
+
+
 def step_params(step: NewStep) -> list[Any]:
     """A new step's columns (:data:`NEW_STEP_FIELDS`)."""
     values = step.columns()

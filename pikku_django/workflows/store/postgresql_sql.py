@@ -14,6 +14,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from django.db import connections
 from django.db.models import JSONField
 
 from pikku_django.dbclock import POSTGRESQL_NOW_MS
@@ -80,11 +81,6 @@ STEP_STATE_FIELDS = (
     "created_at",
     "updated_at",
 )
-#: The columns of a new run, as ``create_runs`` writes them.
-RUN_FIELDS = ("id", "workflow", "status", "input", "output", "error", "suspend_reason")
-RUN_FIELDS_REST = ("inline", "idempotency_key", "wake_at", "wakes", "created_at", "updated_at")
-RUN_OPTION_FIELDS = ("priority", "queue", "start_at", "deadline_at")
-
 #: The lease of a step without a timeout is not capped (the largest bigint).
 NO_CAP = 2**63 - 1
 #: The first key of the advisory locks that limited queues' claims take.
@@ -188,22 +184,6 @@ def _step_done_ctes() -> str:
 # -- start ---------------------------------------------------------------------------
 
 
-def _create_runs() -> str:
-    """Parameters: running, wake at, created at, updated at, then the arrays of ids,
-    workflows, inputs, keys, priorities, queues, start ats, deadlines."""
-    cols = columns(WorkflowRun, RUN_FIELDS + RUN_FIELDS_REST + RUN_OPTION_FIELDS, q)
-    return (
-        f"INSERT INTO {RUNS} ({cols}) "
-        f"SELECT u, w, %s, i::jsonb, NULL, NULL, '', false, k, GREATEST(%s, a), 0, %s, %s, "
-        f"p, q, a, d "
-        f"FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::smallint[], "
-        f"%s::text[], %s::timestamptz[], %s::timestamptz[]) "
-        f"WITH ORDINALITY AS n(u, w, i, k, p, q, a, d, o) "
-        f"ORDER BY o ON CONFLICT ({r('workflow')}, {r('idempotency_key')}) DO NOTHING "
-        f"RETURNING {r('id')}"
-    )
-
-
 def _runs_with_keys() -> str:
     """Parameters: the workflows, the keys."""
     return (
@@ -249,6 +229,55 @@ def _start_run(opening: bool, announce: bool) -> str:
     return f"WITH {', '.join(parts)} SELECT " + (
         "count(pg_notify(%s, '')) FROM r" if announce else "count(*) FROM r"
     )
+
+
+def _postgresql() -> Any:
+    """A PostgreSQL connection's wrapper (not connected), for its column types."""
+    return next(c for c in connections.all() if c.vendor == "postgresql")
+
+
+def _insert_unnest(model: type[Any], auto_pk: bool, where: str = "") -> str:
+    """The INSERT of ``model`` rows from one array per field (:func:`insert_fields`,
+    JSON as text), as ``unnest`` reads them (aliased ``n.c0``, ``n.c1``...)."""
+    fields = insert_fields(model, auto_pk)
+    connection = _postgresql()
+    arrays = ", ".join(
+        "%s::text[]" if isinstance(f, JSONField) else f"%s::{f.db_type(connection)}[]"
+        for f in fields
+    )
+    picks = ", ".join(
+        f"n.c{i}::jsonb" if isinstance(f, JSONField) else f"n.c{i}" for i, f in enumerate(fields)
+    )
+    cols = ", ".join(q(str(f.column)) for f in fields)
+    names = ", ".join(f"c{i}" for i in range(len(fields)))
+    return (
+        f"INSERT INTO {_t(model)} ({cols}) SELECT {picks} FROM unnest({arrays}) AS n({names})"
+        f"{where}"
+    )
+
+
+def _start_runs(openings: bool, announce: bool) -> str:
+    """New runs (those whose idempotency key is taken left out) and (``openings``)
+    the opening steps of those made, in one statement, and (``announce``) one
+    announcement if any was made. Parameters: an array per run field
+    (:func:`insert_fields`), then (``openings``) per step field, then the work channel
+    (``announce``). Returns the ids of the runs made."""
+    made = (
+        f"made AS ({_insert_unnest(WorkflowRun, False)} "
+        f"ON CONFLICT ({r('workflow')}, {r('idempotency_key')}) DO NOTHING "
+        f"RETURNING {r('id')} AS id)"
+    )
+    parts = [made]
+    if openings:
+        run_id = [f.attname for f in insert_fields(WorkflowStep, True)].index("run_id")
+        where = f" WHERE n.c{run_id} IN (SELECT id FROM made)"
+        parts.append(f"opened AS ({_insert_unnest(WorkflowStep, True, where)})")
+    if not announce:
+        return f"WITH {', '.join(parts)} SELECT id FROM made"
+    parts.append(
+        "told AS (SELECT count(pg_notify(%s, '')) AS n FROM (SELECT 1 FROM made LIMIT 1) AS one)"
+    )
+    return f"WITH {', '.join(parts)} SELECT id, (SELECT n FROM told) FROM made"
 
 
 # -- look: whether work is ready, without claiming it ----------------------------------
@@ -758,8 +787,11 @@ def _finish_run(after_step: bool = False, release: bool = False) -> str:
 #: parameter (the unlimited fresh claim's LIMIT) is built by :func:`claim_fresh`.
 BUILDERS: dict[str, Callable[[], str]] = {
     # start
-    "create_runs": _create_runs,
     "runs_with_keys": _runs_with_keys,
+    "start_runs": lambda: _start_runs(False, False),
+    "start_runs_announced": lambda: _start_runs(False, True),
+    "start_runs_with_steps": lambda: _start_runs(True, False),
+    "start_runs_with_steps_announced": lambda: _start_runs(True, True),
     "start_run": lambda: _start_run(False, False),
     "start_run_announced": lambda: _start_run(False, True),
     "start_run_with_step": lambda: _start_run(True, False),
