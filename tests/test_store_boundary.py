@@ -52,6 +52,12 @@ TABLES = (
     "pikku_queue_pause",
     "pikku_lease",
 )
+#: ``pikku_django.prepared``'s functions that run SQL (the bulk starts', the claims'...).
+PREPARED = frozenset(
+    f"{prefix}{name}"
+    for prefix in ("", "prepared.")
+    for name in ("fetch", "fetch_one", "fetch_on", "fetch_nothing_on")
+)
 #: Methods handing out a workflow table's QuerySet (the store's and the engine's).
 ACCESSORS = frozenset({"runs", "steps", "attempts", "worker_runs", "events"})
 WRITES = frozenset(
@@ -272,6 +278,8 @@ class _Scan(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         self.generic_visit(node)
         func = node.func
+        if self.tables and _name(func) in PREPARED:
+            self.found.append(Violation(self.path, node.lineno, f"SQL: {ast.unparse(func)}()"))
         if not isinstance(func, ast.Attribute):
             return
         if func.attr in WRITES and self.rows(func.value):
@@ -293,6 +301,15 @@ class _Scan(ast.NodeVisitor):
             and (func.value.id in self.cursors or "cursor" in func.value.id)
         ):
             self.found.append(Violation(self.path, node.lineno, f"SQL: {ast.unparse(func)}()"))
+
+
+def _name(func: ast.AST) -> str | None:
+    """The name a call is made by (``fetch`` of ``fetch(...)`` or ``prepared.fetch(...)``)."""
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        return func.value.id + "." + func.attr if func.value.id == "prepared" else None
+    return None
 
 
 def scan(path: str, source: str) -> list[Violation]:
@@ -349,6 +366,12 @@ CAUGHT = [
     ("runs = WorkflowRun.objects.all()\nc = C(using=u)\nc.collect(runs)\nc.delete()", "delete"),
     ("x = store.runs()\nwith conn.cursor() as cur:\n    cur.execute('x')", "SQL: cur.execute"),
     ("c = connections['a'].cursor()\nWorkflowRun", "SQL: connections['a'].cursor()"),
+    (
+        "from pikku_django.prepared import fetch\n"
+        "fetch('default', 'INSERT INTO pikku_workflow_run (id) SELECT unnest(%s)', [ids])",
+        "SQL: fetch()",
+    ),
+    ("x = store.steps()\nprepared.fetch_one(u, sql, [])", "SQL: prepared.fetch_one()"),
 ]
 
 
