@@ -92,6 +92,27 @@ _ATTEMPT_START_COLS = columns(
     StepAttempt, ("step_id", "attempt", "status", "worker", "started_at"), q
 )
 _ON_STEP_CONFLICT = f"ON CONFLICT ({s('run_id')}, {s('name')}) DO NOTHING"
+#: The first attempts of the steps a SELECT gives (step id, attempt, status, worker, started).
+_START_ATTEMPTS = f"INSERT INTO {ATTEMPTS} ({_ATTEMPT_START_COLS}) SELECT"
+#: The run whose id is a parameter is in the status that is the next one.
+_RUN_IN_STATUS = f"EXISTS (SELECT 1 FROM {RUNS} WHERE {r('id')} = %s AND {r('status')} = %s)"
+#: Whether a run (of the runs table, unaliased) has no step yet.
+_STEPLESS = f"NOT EXISTS (SELECT 1 FROM {STEPS} WHERE {s('run_id')} = {RUNS}.{r('id')}) AS stepless"
+#: Due worker runs, in claim order, locked (parameters: now, the limit).
+_DUE_RUNS = (
+    f"FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
+    f"AND NOT {r('inline')} AND NOT {r('key_waiting')} AND {r('wake_at')} <= %s "
+    f"ORDER BY {r('priority')} DESC, {r('wake_at')} LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+#: The lease key of a claimed run ``c`` (parameter: the key prefix).
+_RUN_LEASE_KEY = f"%s || c.{r('id')}::text"
+#: ``l``: the leases of the claimed runs ``c`` taken, as the lease service's acquire takes
+#: them (parameters: key prefix, holder, ttl ms, then the upsert's).
+_TAKE_RUN_LEASES = (
+    f"l AS (INSERT INTO pikku_lease AS l (key, holder, token, expires_at) "
+    f"SELECT {_RUN_LEASE_KEY}, %s, 1, {POSTGRESQL_NOW_MS} + %s FROM c "
+    f"{PostgreSQLLeaseSQL.TAKE_ON_CONFLICT} RETURNING l.key, l.token, l.expires_at)"
+)
 
 
 def all_columns(model: type[Any]) -> str:
@@ -377,8 +398,8 @@ def _claim_step() -> str:
         f"{a('finished_at')} = %s FROM d WHERE d.status = {running} "
         f"AND {att('step_id')} IN (SELECT id FROM c) AND {att('attempt')} = d.attempt "
         f"AND {att('status')} = '{AttemptStatus.RUNNING}'), "
-        f"n AS (INSERT INTO {ATTEMPTS} ({_ATTEMPT_START_COLS}) "
-        f"SELECT id, attempt, {running}, %s, %s FROM c RETURNING {a('started_at')} AS started), "
+        f"n AS ({_START_ATTEMPTS} id, attempt, {running}, %s, %s FROM c "
+        f"RETURNING {a('started_at')} AS started), "
         f"x AS (UPDATE {STEPS} SET {s('status')} = {failed}, {s('error')} = %s::jsonb, "
         f"{s('lease_expires_at')} = NULL, {s('available_at')} = NULL, {s('updated_at')} = %s "
         f"FROM d WHERE d.verdict = 'expired' AND {fence} "
@@ -441,8 +462,8 @@ def claim_fresh(
         f"FROM c WHERE {STEPS}.{s('id')} = c.id "
         f"AND {STEPS}.{s('id')} = ANY(ARRAY(SELECT id FROM c)) "
         f"RETURNING {returned}, c.lease AS lease), "
-        f"a AS (INSERT INTO {ATTEMPTS} ({_ATTEMPT_START_COLS}) "
-        f"SELECT u.{s('id')}, u.{s('attempt')}, '{StepStatus.RUNNING}', %s, {started} FROM u)"
+        f"a AS ({_START_ATTEMPTS} u.{s('id')}, u.{s('attempt')}, '{StepStatus.RUNNING}', "
+        f"%s, {started} FROM u)"
         f"{stamp} "
         f"{last}"
     )
@@ -506,23 +527,14 @@ def _claim_due_runs(leased: bool = False) -> str:
         # = ANY(ARRAY(...)): the runs claimed are found by primary key whatever the
         # plan; with IN (...) a generic plan hash-joins the whole runs table.
         f"UPDATE {RUNS} SET {r('wake_at')} = %s, {r('first_step')} = NULL "
-        f"WHERE {r('id')} = ANY(ARRAY("
-        f"SELECT {r('id')} FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
-        f"AND NOT {r('inline')} AND NOT {r('key_waiting')} "
-        f"AND {r('wake_at')} <= %s ORDER BY {r('priority')} DESC, {r('wake_at')} LIMIT %s "
-        f"FOR UPDATE SKIP LOCKED)) RETURNING {all_columns(WorkflowRun)}, "
-        f"NOT EXISTS (SELECT 1 FROM {STEPS} WHERE {s('run_id')} = "
-        f"{RUNS}.{r('id')}) AS stepless"
+        f"WHERE {r('id')} = ANY(ARRAY(SELECT {r('id')} {_DUE_RUNS})) "
+        f"RETURNING {all_columns(WorkflowRun)}, {_STEPLESS}"
     )
     if not leased:
         return claim
     return (
-        f"WITH c AS ({claim}), "
-        f"l AS (INSERT INTO pikku_lease AS l (key, holder, token, expires_at) "
-        f"SELECT %s || c.{r('id')}::text, %s, 1, {POSTGRESQL_NOW_MS} + %s FROM c "
-        f"{PostgreSQLLeaseSQL.TAKE_ON_CONFLICT} RETURNING l.key, l.token, l.expires_at) "
-        f"SELECT c.*, l.token, l.expires_at FROM c "
-        f"LEFT JOIN l ON l.key = %s || c.{r('id')}::text"
+        f"WITH c AS ({claim}), {_TAKE_RUN_LEASES} "
+        f"SELECT c.*, l.token, l.expires_at FROM c LEFT JOIN l ON l.key = {_RUN_LEASE_KEY}"
     )
 
 
@@ -562,17 +574,11 @@ def _claim_due_runs_first(served: bool) -> str:
     lease = step_lease(hint_queue, timeout, no_cap=f"{NO_CAP}::bigint")
     only_served = f" AND {hint_queue} = ANY(%s::text[])" if served else ""
     new_vals = ", ".join(_FROM_HINT[name] for name in NEW_STEP_FIELDS)
-    key = f"%s || c.{r('id')}::text"
+    key = _RUN_LEASE_KEY
     return (
         f"WITH c AS (SELECT {r('id')} AS id, {r('priority')} AS priority, "
-        f"{r('workflow')} AS workflow, {r('first_step')} AS h, "
-        f"NOT EXISTS (SELECT 1 FROM {STEPS} WHERE {s('run_id')} = {RUNS}.{r('id')}) AS stepless "
-        f"FROM {RUNS} WHERE {r('status')} = '{RunStatus.RUNNING}' "
-        f"AND NOT {r('inline')} AND NOT {r('key_waiting')} AND {r('wake_at')} <= %s "
-        f"ORDER BY {r('priority')} DESC, {r('wake_at')} LIMIT %s FOR UPDATE SKIP LOCKED), "
-        f"l AS (INSERT INTO pikku_lease AS l (key, holder, token, expires_at) "
-        f"SELECT {key}, %s, 1, {POSTGRESQL_NOW_MS} + %s FROM c "
-        f"{PostgreSQLLeaseSQL.TAKE_ON_CONFLICT} RETURNING l.key, l.token, l.expires_at), "
+        f"{r('workflow')} AS workflow, {r('first_step')} AS h, {_STEPLESS} {_DUE_RUNS}), "
+        f"{_TAKE_RUN_LEASES}, "
         f"o AS (SELECT c.id, c.priority, c.h, {lease} AS lease FROM c "
         f"JOIN l ON l.key = {key} WHERE c.stepless AND c.h IS NOT NULL "
         f"AND c.workflow = ANY(%s::text[]) AND NOT {hint_queue} = ANY(%s::text[]){only_served} "
@@ -582,8 +588,8 @@ def _claim_due_runs_first(served: bool) -> str:
         f"%s::timestamptz, %s::timestamptz "
         f"FROM o {_ON_STEP_CONFLICT} "
         f"RETURNING {s('id')} AS id, {s('run_id')} AS run_id), "
-        f"a AS (INSERT INTO {ATTEMPTS} ({_ATTEMPT_START_COLS}) "
-        f"SELECT s.id, 1, '{StepStatus.RUNNING}', %s::text, %s::timestamptz FROM s), "
+        f"a AS ({_START_ATTEMPTS} s.id, 1, '{StepStatus.RUNNING}', %s::text, "
+        f"%s::timestamptz FROM s), "
         f"u AS (UPDATE {RUNS} SET {r('wake_at')} = CASE WHEN {RUNS}.{r('id')} IN "
         f"(SELECT run_id FROM s) THEN NULL ELSE %s::timestamptz END, {r('first_step')} = NULL "
         f"WHERE {r('id')} = ANY(ARRAY(SELECT id FROM c)) "
@@ -619,10 +625,10 @@ def _insert_claimed(after_step: bool = False) -> str:
         f"WITH {_step_done_ctes() + ', ' if after_step else ''}"
         f"s AS (INSERT INTO {STEPS} ({_NEW_STEP_COLS}) "
         f"SELECT {_NEW_STEP_VALS}, %s, NULL, NULL, 1, NULL, {POSTGRESQL_NOW_MS} + %s, %s, %s "
-        f"WHERE EXISTS (SELECT 1 FROM {RUNS} WHERE {r('id')} = %s AND {r('status')} = %s) "
+        f"WHERE {_RUN_IN_STATUS} "
         f"AND {not_paused('%s')}{guard} {_ON_STEP_CONFLICT} "
         f"RETURNING {s('id')} AS id, {s('input')} AS input), "
-        f"a AS (INSERT INTO {ATTEMPTS} ({_ATTEMPT_START_COLS}) SELECT id, 1, %s, %s, %s FROM s), "
+        f"a AS ({_START_ATTEMPTS} id, 1, %s, %s, %s FROM s), "
         f"r AS (UPDATE {RUNS} SET {r('wake_at')} = NULL, {r('updated_at')} = %s "
         f"WHERE {r('id')} = %s AND {r('status')} = %s AND {r('wakes')} = %s "
         f"AND {r('wake_at')} IS NOT NULL AND EXISTS (SELECT 1 FROM s))"
@@ -647,11 +653,10 @@ def _insert_settled() -> str:
     run id, running; the attempt's status, error, worker, started at, finished at."""
     attempt_cols = columns(StepAttempt, ("step_id", "attempt", "status", "result", "error"), q)
     attempt_tail = columns(StepAttempt, ("worker", "started_at", "finished_at"), q)
-    run_is_running = f"EXISTS (SELECT 1 FROM {RUNS} WHERE {r('id')} = %s AND {r('status')} = %s)"
     return (
         f"WITH s AS (INSERT INTO {STEPS} ({_NEW_STEP_COLS}) "
         f"SELECT {_NEW_STEP_VALS}, %s, %s::jsonb, %s::jsonb, 1, %s, NULL, %s, %s "
-        f"WHERE {run_is_running} {_ON_STEP_CONFLICT} "
+        f"WHERE {_RUN_IN_STATUS} {_ON_STEP_CONFLICT} "
         f"RETURNING {s('id')} AS id, {s('result')} AS result) "
         f"INSERT INTO {ATTEMPTS} ({attempt_cols}, {attempt_tail}) "
         f"SELECT id, 1, %s, result, %s::jsonb, %s, %s, %s FROM s "
