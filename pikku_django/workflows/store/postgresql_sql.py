@@ -123,6 +123,16 @@ def all_columns(model: type[Any]) -> str:
 # -- shared conditions ---------------------------------------------------------------
 
 
+def claimed(attempt: str, lease: str) -> str:
+    """The SET of a step claimed as attempt ``attempt`` + 1 under a lease of ``lease``
+    ms (SQL expressions). Parameter: updated at."""
+    return (
+        f"{s('status')} = '{StepStatus.RUNNING}', {s('attempt')} = {attempt} + 1, "
+        f"{s('result')} = NULL, {s('error')} = NULL, {s('available_at')} = NULL, "
+        f"{s('lease_expires_at')} = {POSTGRESQL_NOW_MS} + {lease}, {s('updated_at')} = %s"
+    )
+
+
 def not_paused(queue: str) -> str:
     """The queue ``queue`` (an SQL expression) is not paused. A LIMITed scalar
     subquery, looked up by the table's unique index for each step read: the planner
@@ -386,10 +396,8 @@ def _claim_step() -> str:
         f"WITH st AS (SELECT * FROM {STEPS} WHERE {s('id')} = %s FOR UPDATE), "
         f"d AS (SELECT st.{s('id')} AS id, st.{s('status')} AS status, "
         f"st.{s('attempt')} AS attempt, {verdict} AS verdict FROM st), "
-        f"c AS (UPDATE {STEPS} SET {s('status')} = {running}, "
-        f"{s('attempt')} = d.attempt + 1, {s('result')} = NULL, {s('error')} = NULL, "
-        f"{s('available_at')} = NULL, {s('lease_expires_at')} = {POSTGRESQL_NOW_MS} + %s, "
-        f"{s('updated_at')} = %s FROM d WHERE d.verdict = 'claim' AND {fence} "
+        f"c AS (UPDATE {STEPS} SET {claimed('d.attempt', '%s')} "
+        f"FROM d WHERE d.verdict = 'claim' AND {fence} "
         f"AND {still_lapsed} AND {live_run} "
         f"AND (NOT %s OR {step('kind')} <> '{StepKind.QUEUED}' "
         f"OR {not_paused(step('queue'))}) "
@@ -442,6 +450,7 @@ def claim_fresh(
     # every claim and end that its count saw, and with the rate slot's stamp.
     started = "clock_timestamp()" if limited else "%s"
     in_order = f"u.{s('priority')} DESC, u.{s('id')}"
+    prior = f"{STEPS}.{s('attempt')}"  # the attempt the claim follows
     last = f"SELECT * FROM u ORDER BY {in_order}"
     if limited:
         locked = "(SELECT count(*) FROM sl)" if rated else "0"
@@ -453,10 +462,7 @@ def claim_fresh(
         f"WITH {ctes}c AS (SELECT {s('id')} AS id, {lease} AS lease "
         f"{_fresh_from(fresh_on, excluding)} "
         f"ORDER BY {s('priority')} DESC, {s('id')} LIMIT {limit_sql} FOR UPDATE SKIP LOCKED), "
-        f"u AS (UPDATE {STEPS} SET {s('status')} = '{StepStatus.RUNNING}', "
-        f"{s('attempt')} = {STEPS}.{s('attempt')} + 1, {s('result')} = NULL, "
-        f"{s('error')} = NULL, {s('available_at')} = NULL, "
-        f"{s('lease_expires_at')} = {POSTGRESQL_NOW_MS} + c.lease, {s('updated_at')} = %s "
+        f"u AS (UPDATE {STEPS} SET {claimed(prior, 'c.lease')} "
         # = ANY(ARRAY(...)): the steps claimed are found by primary key whatever the
         # plan, which cannot tell how many rows c holds (its LIMIT may be a subquery).
         f"FROM c WHERE {STEPS}.{s('id')} = c.id "
