@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from pikku_django.dbclock import store_now_ms
 from pikku_django.models import RunStatus, StepAttempt, StepStatus, WorkflowRun, WorkflowStep
+from pikku_django.workflows.runs._options import RunOptions
 from pikku_django.workflows.store import (
     MysqlStore,
     NewRun,
@@ -270,6 +271,38 @@ def test_creating_runs_links_a_taken_key_to_its_run(store: WorkflowStore) -> Non
         (None, 3, "running"),
     }
     assert all(r.wake_at == wake and not r.inline for r in made.values())
+
+
+def test_creating_runs_keeps_each_ones_options_and_a_repeated_key_shares_a_run(
+    store: WorkflowStore,
+) -> None:
+    wake = timezone.now()
+    later = wake + timedelta(hours=1)
+    runs = [
+        NewRun("wf", 1, "same"),
+        NewRun("wf", 2, options=RunOptions(priority=5, queue="q", start_at=later)),
+        NewRun("wf", 3, "same"),
+        NewRun("wf", 4, options=RunOptions(concurrency_key="c", concurrency_limit=2)),
+    ]
+    with store.atomic():
+        ids = store.create_runs(runs, wake)
+    assert ids[0] == ids[2]
+    assert len(set(ids)) == 3
+    made = WorkflowRun.objects.using(store.using).in_bulk(ids)
+    rows = [made[i] for i in ids]
+    assert [r.input for r in rows] == [1, 2, 1, 4]
+    assert [r.wake_at for r in rows] == [wake, later, wake, None]
+    assert (rows[1].priority, rows[1].queue, rows[1].start_at) == (5, "q", later)
+    assert [(r.concurrency_key, r.key_waiting) for r in rows] == [
+        (None, False),
+        (None, False),
+        (None, False),
+        ("c", True),
+    ]
+    assert rows[3].concurrency_limit == 2
+    # An intake's run is stored alone: no opening step, no first step found ahead.
+    assert not WorkflowStep.objects.using(store.using).filter(run_id__in=ids).exists()
+    assert all(r.first_step is None and r.status == "running" for r in rows)
 
 
 def test_finishing_a_run_in_one_statement_leaves_a_waiting_parent_to_the_caller(
