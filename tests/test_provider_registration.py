@@ -79,11 +79,11 @@ def declared(api: ProviderAPI) -> Iterator[dict[str, WebhookSource]]:
             events={"invoice.paid": None, "customer.created": None},
         ),
     }
-    for source in found.values():
-        register_source(source)
-    set_credential("githubToken", GITHUB_TOKEN)
-    set_credential("stripeSecretKey", STRIPE_KEY)
     try:
+        for source in found.values():
+            register_source(source)
+        set_credential("githubToken", GITHUB_TOKEN)
+        set_credential("stripeSecretKey", STRIPE_KEY)
         yield found
     finally:
         for name in found:

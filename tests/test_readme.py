@@ -199,7 +199,7 @@ def test_settings_table_lists_exactly_the_defaults() -> None:
 def code_check_ids() -> set[str]:
     found: set[str] = set()
     for path in (support.ROOT / "pikku_django").rglob("*.py"):
-        found |= set(re.findall(r"pikku_django\.[EW]\d{3}", path.read_text(encoding="utf-8")))
+        found |= set(re.findall(r"pikku_django\.[EWI]\d{3}", path.read_text(encoding="utf-8")))
     return found
 
 
