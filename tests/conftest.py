@@ -74,6 +74,21 @@ def _close_lease_connections(django_db_setup: None) -> Iterator[None]:
     close_database_lease_connections()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sqlite_replicas_begin_deferred(django_db_setup: None) -> None:
+    """A SQLite replica alias (tests/settings.py's ``READ_REPLICAS``) is a test mirror, the
+    same file under another connection, and takes its primary's settings: with their
+    ``IMMEDIATE`` transactions, a test case's atomic block on the replica would wait for
+    the write lock that the same test's block on the primary holds. A replica only reads:
+    its transactions begin deferred."""
+    for alias in settings.READ_REPLICAS.values():
+        if alias in connections and connections[alias].vendor == "sqlite":
+            replica = connections[alias]
+            replica.close()
+            options = {**replica.settings_dict["OPTIONS"], "transaction_mode": "DEFERRED"}
+            replica.settings_dict = {**replica.settings_dict, "OPTIONS": options}
+
+
 def fresh_database_lease_service(alias: str, **options: object) -> DatabaseLeaseService:
     """A database lease service on ``alias`` with an empty lease table."""
     service = DatabaseLeaseService(alias, **options)
