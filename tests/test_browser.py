@@ -275,6 +275,17 @@ def timeline_lanes(d: Any) -> list[str]:
     return list(d.execute_script(READ_TIMELINE))
 
 
+def timeline_shown(d: Any) -> bool:
+    """Whether the live timeline is on screen, read in one script: the live refresh may
+    replace the element between a lookup and a second call on it."""
+    return bool(
+        d.execute_script(
+            "const e = document.getElementById('pikku-run-timeline');"
+            " return !!e && e.getClientRects().length > 0;"
+        )
+    )
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_timeline_follows_the_run(browser: Any) -> None:
     wf = engine()
@@ -282,10 +293,10 @@ def test_the_timeline_follows_the_run(browser: Any) -> None:
     open_run_page(browser, run.id)
     wait_for(browser, "live state", live_state, "live")
     assert timeline_lanes(browser) == []
-    assert not browser.find_element(By.ID, "pikku-run-timeline").is_displayed()
+    assert not timeline_shown(browser)
     wf.run_until_idle()  # the queued step runs; the sleep starts
     wait_for(browser, "timeline", timeline_lanes, ["succeeded", "scheduled"])
-    assert browser.find_element(By.ID, "pikku-run-timeline").is_displayed()
+    wait_for(browser, "timeline shown", timeline_shown, True)
     wf.clock.advance(61)
     wf.run_until_idle()  # the sleep is over; the run suspends
     wait_for(browser, "timeline", timeline_lanes, ["succeeded", "succeeded", "suspended"])
