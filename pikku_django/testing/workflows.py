@@ -31,7 +31,7 @@ from pikku_django.models import (
     WorkflowRun,
     WorkflowStep,
 )
-from pikku_django.workflows import registry
+from pikku_django.workflows import fencing_token, registry
 from pikku_django.workflows._values import NewStep
 from pikku_django.workflows.engine import ClaimedStep, StepOutcome, WorkflowEngine
 from pikku_django.workflows.errors import (
@@ -374,3 +374,16 @@ class WorkflowFencingContract:
         )
         step = step_of(engine, run)
         assert (step.status, step.result) == (StepStatus.SUCCEEDED, "current")
+
+    def test_step_code_reads_its_claims_fencing_token(self, fencing_engine: WorkflowEngine) -> None:
+        engine = fencing_engine
+        run = start_run(engine)
+        stale, current = supersede(engine, run)
+        assert current.claim_token > stale.claim_token
+        assert fencing_token() is None  # outside a step
+        _behaviour.fn = fencing_token
+        try:
+            assert engine.execute_step(current) is StepOutcome.SUCCEEDED
+        finally:
+            del _behaviour.fn
+        assert step_of(engine, run).result == current.claim_token

@@ -107,7 +107,7 @@ class StepWrites:
             return Recorded(steps.get(run_id=row.run_id, name=row.name), new=False)
 
     def withdraw_attempt(
-        self, step_id: int, attempt: int, *, error: Any, token: int | None
+        self, step_id: int, attempt: int, *, error: Any, token: int | None = None
     ) -> bool:
         """Suspend a step whose ``attempt`` cannot run (its function is missing here),
         as if that attempt never started: the step back at the attempt before it, the
