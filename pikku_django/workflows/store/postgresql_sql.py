@@ -128,6 +128,20 @@ def all_columns(model: type[Any]) -> str:
 # -- shared conditions ---------------------------------------------------------------
 
 
+#: The claim token of a step's next claim (the lease tokens' rule), and of a step
+#: inserted claimed.
+NEXT_CLAIM_TOKEN = postgresql_next_token(s("claim_token"))
+FIRST_CLAIM_TOKEN = POSTGRESQL_FIRST_TOKEN
+#: The fence of every statement here that writes a claimed attempt's outcome (the
+#: steps table unaliased; through the ORM it is ``step_writes.running_attempt``): the
+#: step still running as that attempt under that claim. Parameters: step id,
+#: attempt, running, claim token (NULL: fenced by the attempt alone).
+CLAIM_FENCE = (
+    f"{s('id')} = %s AND {s('attempt')} = %s AND {s('status')} = %s "
+    f"AND {s('claim_token')} = COALESCE(%s::bigint, {s('claim_token')})"
+)
+
+
 def claimed(attempt: str, lease: str) -> str:
     """The SET of a step claimed as attempt ``attempt`` + 1 under a lease of ``lease``
     ms (SQL expressions), with its next claim token. Parameter: updated at."""
@@ -137,18 +151,6 @@ def claimed(attempt: str, lease: str) -> str:
         f"{s('result')} = NULL, {s('error')} = NULL, {s('available_at')} = NULL, "
         f"{s('lease_expires_at')} = {POSTGRESQL_NOW_MS} + {lease}, {s('updated_at')} = %s"
     )
-
-
-#: The claim token of a step's next claim (its first: of a step inserted claimed).
-NEXT_CLAIM_TOKEN = postgresql_next_token(s("claim_token"))
-FIRST_CLAIM_TOKEN = POSTGRESQL_FIRST_TOKEN
-#: The fence of every write of a claimed attempt (the steps table unaliased): the
-#: step still running as that attempt under that claim. Parameters: step id,
-#: attempt, running, claim token (NULL: fenced by the attempt alone).
-CLAIM_FENCE = (
-    f"{s('id')} = %s AND {s('attempt')} = %s AND {s('status')} = %s "
-    f"AND {s('claim_token')} = COALESCE(%s::bigint, {s('claim_token')})"
-)
 
 
 def not_paused(queue: str) -> str:
