@@ -18,11 +18,14 @@ each trial:
 5. has every holder from the lost timeline refresh, release and re-acquire: each must
    be refused, and every token after the promotion must exceed every token before.
 
-Step attempts are not measured: they are not yet fenced across a failover (see
-docs/guarantees.md). Run it from the repository root:
+Then, on a second pair per trial, the same for steps (``benchmarks/failover_steps.py``):
+promotion -> first step completed against a baseline on a new connection, runs
+completed of those started, and the lost timeline's claims: each renewal and settle
+must be refused, and every claim token after the promotion must exceed every one
+before. Run it from the repository root:
 
     .venv/bin/python benchmarks/failover.py
-    .venv/bin/python benchmarks/failover.py --trials 5 --keys 50
+    .venv/bin/python benchmarks/failover.py --trials 5 --keys 50 --runs 50
 
 stdout gets the table and, as its last line, one JSON object with every figure.
 """
@@ -137,6 +140,8 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--keys", type=int, default=20)
     parser.add_argument("--short-ms", type=int, default=200, help="the first holders' ttl")
+    parser.add_argument("--runs", type=int, default=20, help="runs whose claims are lost")
+    parser.add_argument("--lost-runs", type=int, default=5, help="runs started, then lost")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason:
@@ -147,15 +152,15 @@ def main() -> int:
         with primary_and_standby() as pair:
             pair.primary.create_database(APP, owner=APP)
             db = django_database(APP, APP, [pair.primary, pair.standby])
-            if not settings.configured:
-                settings.configure(DATABASES={ALIAS: db}, INSTALLED_APPS=[], USE_TZ=True)
-                django.setup()
-            else:
-                from django.db import connections
-
-                connections.settings[ALIAS].update(db)
+            use(db)
             results.append(trial(pair, args.keys, args.short_ms))
-            print(f"trial {n + 1}: {results[-1]}", file=sys.stderr)
+        with primary_and_standby() as pair:
+            pair.primary.create_database(APP, owner=APP)
+            use(django_database(APP, APP, [pair.primary, pair.standby]))
+            from benchmarks.failover_steps import step_trial
+
+            results[-1].update(step_trial(pair, ALIAS, args.runs, args.lost_runs))
+        print(f"trial {n + 1}: {results[-1]}", file=sys.stderr)
 
     def col(name: str) -> str:
         return " ".join(f"{r[name]:>8}" for r in results)
@@ -166,6 +171,9 @@ def main() -> int:
         "baseline_median_acquire_ms",
         "stop_to_promoted_ms",
         "promoted_to_first_acquire_ms",
+        "steps_baseline_first_step_new_connection_ms",
+        "steps_stop_to_promoted_ms",
+        "steps_promoted_to_first_step_completed_ms",
     ):
         print(f"{name:<48} {col(name)}")
     for r in results:
@@ -173,12 +181,40 @@ def main() -> int:
             f"lost holders {r['lost_holders']}: refused {r['lost_holders_refused']}; "
             f"tokens before <= {r['tokens_before_max']}, after >= {r['tokens_after_min']}"
         )
-    print(json.dumps({"trials": results, "keys": args.keys}))
+        print(
+            f"runs completed {r['runs_completed']} of {r['runs_started']} started; "
+            f"lost step claims {r['lost_claims']}: refused {r['lost_claims_refused']}, "
+            f"results stored {r['lost_results_stored']}; claim tokens before <= "
+            f"{r['claim_tokens_before_max']}, after >= {r['claim_tokens_after_min']}"
+        )
+    print(json.dumps({"trials": results, "keys": args.keys, "runs": args.runs}))
     ok = all(
-        r["tokens_rose"] and all(v == r["lost_holders"] for v in r["lost_holders_refused"].values())
+        r["tokens_rose"]
+        and all(v == r["lost_holders"] for v in r["lost_holders_refused"].values())
+        and r["claim_tokens_rose"]
+        and all(v == r["lost_claims"] for v in r["lost_claims_refused"].values())
+        and r["lost_results_stored"] == 0
         for r in results
     )
     return 0 if ok else 1
+
+
+def use(db: dict[str, Any]) -> None:
+    """Point the alias at ``db`` (Django configured on first use)."""
+    if not settings.configured:
+        settings.configure(
+            DATABASES={ALIAS: db},
+            INSTALLED_APPS=["pikku_django"],
+            USE_TZ=True,
+            DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+            PIKKU={"LEASE_BACKEND": "database"},
+        )
+        django.setup()
+    else:
+        from django.db import connections
+
+        connections[ALIAS].close()
+        connections.settings[ALIAS].update(db)
 
 
 if __name__ == "__main__":

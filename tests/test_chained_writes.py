@@ -122,7 +122,7 @@ def test_the_success_and_the_next_step_claimed_in_one_write(store: WorkflowStore
     assert first.status == StepStatus.SUCCEEDED
     assert first.finished_at is not None
     s1 = WorkflowStep.objects.using(store.using).get(run=run, name="s1")
-    assert (s1.id, s1.input) == chained.claimed
+    assert (s1.id, s1.input, s1.claim_token) == chained.claimed
     assert (s1.status, s1.attempt) == (StepStatus.RUNNING, 1)
     assert s1.lease_expires_at is not None
     attempt = StepAttempt.objects.using(store.using).get(step=s1, attempt=1)

@@ -1,28 +1,40 @@
-"""Lease fencing across a failover, on a real primary and asynchronous standby.
+"""Lease and step-claim fencing across a failover, on a real primary and asynchronous
+standby.
 
-Leases are taken on the primary; then the standby is held back, so what the primary
-commits next (a takeover, a new key, a release and a new holder) never reaches it. The
+Leases (then, in the second scenario, step claims) are taken on the primary; then the
+standby is held back, so what the primary commits next (a takeover, a new key, a
+release and a new holder; a lapsed step claimed again) never reaches it. The
 primary crashes (``immediate``), the standby is promoted, and the workers' libpq
 multi-host connection (``target_session_attrs=read-write``) finds the new primary.
-The holders of the lost commits still believe they hold their leases: each of their
-refreshes, releases and fenced writes must be refused, and every token handed out
-after the promotion must be higher than every token handed out before it.
+The holders of the lost commits still believe they hold their leases (their steps):
+each of their refreshes, releases and fenced writes must be refused, and every token
+handed out after the promotion must be higher than every token handed out before it.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connections
+from django.utils import timezone
 
+from pikku_django.leases import InMemoryLeaseService
 from pikku_django.leases.base import Lease
 from pikku_django.leases.database import DatabaseLeaseService
 from pikku_django.leases.sql import POSTGRESQL_TIMELINE
+from pikku_django.models import AttemptStatus, Backoff, StepKind, StepStatus, WorkflowRun
 from pikku_django.models import Lease as LeaseRow
+from pikku_django.workflows import registry
+from pikku_django.workflows._values import NewStep, RunLeaseAsk
+from pikku_django.workflows.engine import ClaimedStep, StepOutcome, WorkflowEngine
+from pikku_django.workflows.errors import WorkflowStepSupersededError
 from tests.pg_clusters import (
     ReplicatedPair,
     django_alias,
@@ -68,8 +80,7 @@ def pair(django_db_blocker: Any) -> Iterator[ReplicatedPair]:
         )
         hosts = django_database(APP, APP, [pair.primary, pair.standby])
         with django_alias(ALIAS, hosts), django_db_blocker.unblock():
-            with connections[ALIAS].schema_editor() as editor:
-                editor.create_model(LeaseRow)
+            call_command("migrate", "pikku_django", database=ALIAS, verbosity=0)
             connections[ALIAS].close()
             yield pair
 
@@ -187,3 +198,141 @@ def test_a_holder_from_the_lost_timeline_never_writes_over_its_successor(
     finally:
         old_worker.close()
         new_worker.close()
+
+
+STEP_FN = "tests.failover.charge"
+#: What the step function returns when a worker runs it (set by the test).
+_returns: dict[str, str] = {}
+
+
+@registry.step(name=STEP_FN)
+def _charge(data: Any) -> Any:
+    return _returns["value"]
+
+
+def start_step_run(engine: WorkflowEngine, name: str) -> uuid.UUID:
+    """A running run with one queued step ``name``, never claimed."""
+    run = WorkflowRun(workflow="tests.failover.steps", input={})
+    step = NewStep(
+        run_id=run.id,
+        name=name,
+        kind=StepKind.QUEUED,
+        function=STEP_FN,
+        input={},
+        retries=5,
+        retry_delay=0,
+        backoff=Backoff.FIXED,
+        queue="default",
+        transactional=False,
+    )
+    engine.store.create_run(run, step, None)
+    return run.id
+
+
+def claim(engine: WorkflowEngine, run_id: uuid.UUID, name: str, worker: str) -> ClaimedStep:
+    step_id = engine.steps().get(run_id=run_id, name=name).id
+    claimed = engine.claim_step(step_id, lease_ms=LONG, worker=worker)
+    assert claimed is not None, f"{worker} did not claim {name}"
+    return claimed
+
+
+def run_lease_tokens(engine: WorkflowEngine, run_ids: list[uuid.UUID], holder: str) -> list[int]:
+    """The tokens of the run leases a due-run claim takes with ``run_ids`` (made due)."""
+    for run_id in run_ids:
+        engine.wake_run(run_id)
+    now = timezone.now()
+    ask = RunLeaseAsk("failover:run:", holder, LONG)
+    due = engine.store.claim_due_runs_leased(now, now + timedelta(minutes=5), 10, ask)
+    assert {d.run.id for d in due} >= set(run_ids)
+    return [d.lease.token for d in due if d.run.id in run_ids and d.lease is not None]
+
+
+def test_a_step_claim_from_the_lost_timeline_never_settles_over_its_successor(
+    pair: ReplicatedPair,
+) -> None:
+    engine = WorkflowEngine(ALIAS, leases=InMemoryLeaseService())
+    try:
+        # Replicated: worker-1 claimed S1 (attempt 1) and died (its lease lapsed); R0's
+        # run lease was taken with a due-run claim.
+        s1_run = start_step_run(engine, "S1")
+        w1 = claim(engine, s1_run, "S1", "worker-1")
+        assert engine.refresh_step_lease(w1.step_id, -1, w1.attempt, w1.claim_token)
+        r0 = start_step_run(engine, "R0")
+        leases_before = run_lease_tokens(engine, [r0], "pass-1")
+
+        pair.hold_back_standby()
+        xid_before_loss = next_xid(pair)
+        # Lost: worker-2 reclaims the lapsed S1 as attempt 2 and renews its lease; a
+        # new run starts and worker-2 claims its step.
+        w2 = claim(engine, s1_run, "S1", "worker-2")
+        assert w2.attempt == 2
+        assert engine.refresh_step_lease(w2.step_id, LONG, w2.attempt, w2.claim_token)
+        s2_run = start_step_run(engine, "S2")
+        w2_s2 = claim(engine, s2_run, "S2", "worker-2")
+        xid_lost = next_xid(pair) - xid_before_loss
+        claimed_before = [w1, w2, w2_s2]
+
+        pair.fail_over()
+        connections[ALIAS].close()  # the workers reconnect: to the new primary
+        timeline = int(pair.standby.scalar(f"SELECT {POSTGRESQL_TIMELINE}"))
+        s1 = engine.steps().get(run_id=s1_run, name="S1")
+        lost_commits = [
+            what
+            for what, gone in (
+                ("worker-2 claimed S1 as attempt 2", s1.attempt == 1),
+                ("worker-2 renewed its lease of S1", (s1.lease_expires_at or 0) < epoch_ms()),
+                ("a run started", not engine.runs().filter(id=s2_run).exists()),
+                ("worker-2 claimed S2", not engine.steps().filter(run_id=s2_run).exists()),
+            )
+            if gone
+        ]
+        print(
+            f"{len(lost_commits)} commits lost in the failover ({', '.join(lost_commits)}; "
+            f"{xid_lost} transaction ids); the new primary is on timeline {timeline}"
+        )
+        assert len(lost_commits) == 4
+        assert timeline > 1
+
+        # After the promotion worker-3 claims S1 again: attempt 2 once more.
+        w3 = claim(engine, s1_run, "S1", "worker-3")
+        assert (w3.attempt, w3.step_id) == (w2.attempt, w2.step_id)
+        s3_run = start_step_run(engine, "S3")
+        w3_s3 = claim(engine, s3_run, "S3", "worker-3")
+        claimed_after = [w3, w3_s3]
+        before = [c.claim_token for c in claimed_before]
+        after = [c.claim_token for c in claimed_after]
+        print(f"claim tokens before the promotion {before}, after it {after}")
+        assert min(after) > max(before)
+        leases_after = run_lease_tokens(engine, [s1_run, s3_run], "pass-2")
+        print(f"run lease tokens before the promotion {leases_before}, after it {leases_after}")
+        assert min(leases_after) > max(leases_before)
+
+        # worker-2, from the lost timeline, carries on: its renewal and its settle
+        # are each refused, by the engine's own path and by the public calls.
+        assert not engine.refresh_step_lease(w2.step_id, LONG, w2.attempt, w2.claim_token)
+        _returns["value"] = "worker-2"
+        assert engine.execute_step(w2) is StepOutcome.SUPERSEDED
+        with pytest.raises(WorkflowStepSupersededError):
+            engine.set_step_result(w2.step_id, "worker-2", w2.attempt, token=w2.claim_token)
+        s1 = engine.steps().get(id=w3.step_id)
+        assert (s1.status, s1.result, s1.claim_token) == (StepStatus.RUNNING, None, w3.claim_token)
+
+        # worker-3's settle is accepted, and the result stored once.
+        _returns["value"] = "worker-3"
+        assert engine.execute_step(w3) is StepOutcome.SUCCEEDED
+        s1 = engine.steps().get(id=w3.step_id)
+        assert (s1.status, s1.result) == (StepStatus.SUCCEEDED, "worker-3")
+        attempts = list(
+            engine.attempts().filter(step_id=w3.step_id).values_list("attempt", "status", "result")
+        )
+        assert attempts == [
+            (1, AttemptStatus.SUPERSEDED, None),
+            (2, StepStatus.SUCCEEDED, "worker-3"),
+        ]
+    finally:
+        _returns.clear()
+        connections[ALIAS].close()
+
+
+def epoch_ms() -> int:
+    return int(time.time() * 1000)

@@ -176,13 +176,13 @@ def test_renewals_never_overlap_and_come_every_half_lease(vendor: str) -> None:
     overlapped = []
     real = engine.refresh_step_lease
 
-    def refresh(step_id: int, lease_ms: int | None, attempt: int) -> bool:
+    def refresh(step_id: int, lease_ms: int | None, attempt: int, token: int | None) -> bool:
         if not active.acquire(blocking=False):
             overlapped.append(time.monotonic())
         started = time.monotonic()
         try:
             time.sleep(0.05)
-            return real(step_id, lease_ms, attempt)
+            return real(step_id, lease_ms, attempt, token)
         finally:
             calls.append((started, time.monotonic()))
             active.release()

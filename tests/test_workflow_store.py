@@ -190,23 +190,34 @@ def test_a_claim_is_one_guarded_update_of_a_running_runs_step(store: WorkflowSto
     assert started is not None
     assert store.claim_attempt(step, guard, lease_ms=5_000, worker="w") is None  # lost the race
     row = WorkflowStep.objects.using(store.using).get(id=step.id)
-    assert (row.status, row.attempt) == (StepStatus.RUNNING, 1)
+    assert (row.status, row.attempt, row.claim_token) == (
+        StepStatus.RUNNING,
+        1,
+        started.claim_token,
+    )
+    assert started.claim_token > 0
     assert row.lease_expires_at > store_now_ms(store.using)
     attempt = StepAttempt.objects.using(store.using).get(step_id=step.id)
-    assert (attempt.attempt, attempt.worker, attempt.started_at) == (1, "w", started)
+    assert (attempt.attempt, attempt.worker, attempt.started_at) == (1, "w", started.at)
     other = _step(store, _run(store, status=RunStatus.CANCELLED), status=StepStatus.SCHEDULED)
     assert store.claim_attempt(other, guard, lease_ms=5_000, worker="w") is None
     assert store.refresh_lease(step.id, 10_000, 1)
     assert not store.refresh_lease(step.id, 10_000, 2)
+    assert store.refresh_lease(step.id, 10_000, 1, started.claim_token)
+    assert not store.refresh_lease(step.id, 10_000, 1, started.claim_token - 1)
 
 
-def test_a_settle_is_fenced_by_its_attempt(store: WorkflowStore) -> None:
+def test_a_settle_is_fenced_by_its_attempt_and_claim(store: WorkflowStore) -> None:
     run = _run(store)
-    step = _step(store, run, status=StepStatus.RUNNING, attempt=2, lease_expires_at=1)
+    step = _step(
+        store, run, status=StepStatus.RUNNING, attempt=2, lease_expires_at=1, claim_token=7
+    )
     StepAttempt.objects.using(store.using).create(step=step, attempt=2)
     assert store.settle(step.id, 1, StepStatus.SUCCEEDED, result="stale") is None
+    # The same attempt under an earlier claim (one lost with a failed-over database).
+    assert store.settle(step.id, 2, StepStatus.SUCCEEDED, result="lost", token=6) is None
     settled = store.settle(
-        step.id, 2, StepStatus.SUCCEEDED, result={"b": 1, "a": [1, 2]}, wake=Wake.NOW
+        step.id, 2, StepStatus.SUCCEEDED, result={"b": 1, "a": [1, 2]}, wake=Wake.NOW, token=7
     )
     assert settled is not None
     assert (settled.run_id, settled.run_status, settled.run_wakes) == (run.id, "running", 0)
@@ -223,10 +234,11 @@ def test_inserting_a_claimed_step(store: WorkflowStore) -> None:
     run = _run(store, wake_at=timezone.now())
     stored = store.insert_claimed(_new(run), lease_ms=5_000, worker="w", park_wakes=0)
     assert stored is not None
-    step_id, as_stored = stored
+    step_id, as_stored, token = stored
     assert as_stored == {"n": 1}
     row = WorkflowStep.objects.using(store.using).get(id=step_id)
     assert (row.status, row.attempt, row.retries, row.retry_delay) == ("running", 1, 2, 0.5)
+    assert row.claim_token == token > 0
     assert WorkflowRun.objects.using(store.using).get(id=run.id).wake_at is None  # parked
     assert store.insert_claimed(_new(run), lease_ms=5_000, worker="w", park_wakes=0) is None
     stopped = _run(store, status=RunStatus.CANCELLED)

@@ -26,6 +26,14 @@ POSTGRESQL_TIMELINE = (
 POSTGRESQL_FIRST_TOKEN = f"((({POSTGRESQL_TIMELINE}) - 1) << 32) + 1"
 
 
+def postgresql_next_token(token: str) -> str:
+    """The token that follows ``token`` (an SQL expression) on PostgreSQL: the next
+    one, and never less than the current timeline's first, so that every token handed
+    out after a promotion exceeds every one handed out before it (lease tokens, and
+    the workflow store's claim tokens of steps)."""
+    return f"greatest({token} + 1, {POSTGRESQL_FIRST_TOKEN})"
+
+
 def _row(row: Any) -> Row | None:
     """A (token, expires_at) row as ints (a driver's cursor rows are untyped)."""
     return None if row is None else (int(row[0]), int(row[1]))
@@ -78,7 +86,7 @@ class PostgreSQLLeaseSQL(LeaseSQL):
     TAKE_ON_CONFLICT = f"""
         ON CONFLICT (key) DO UPDATE SET
             token = CASE WHEN l.expires_at > EXCLUDED.expires_at - %s
-                         THEN l.token ELSE greatest(l.token + 1, {FIRST_TOKEN}) END,
+                         THEN l.token ELSE {postgresql_next_token("l.token")} END,
             holder = EXCLUDED.holder,
             expires_at = EXCLUDED.expires_at
         WHERE l.expires_at <= EXCLUDED.expires_at - %s OR l.holder = EXCLUDED.holder

@@ -371,6 +371,16 @@ class WorkflowStep(models.Model):
     lease_expires_at = models.BigIntegerField(
         _("lease expires at (epoch ms)"), null=True, blank=True
     )
+    #: The fencing number of the step's latest claim: every claim sets a higher one
+    #: (on PostgreSQL never below the first lease token of the server's timeline), and
+    #: every write of a claimed attempt must carry it.
+    claim_token = models.BigIntegerField(
+        _("claim token"),
+        default=0,
+        db_default=0,
+        editable=False,
+        help_text=_("the fencing number of the step's latest claim"),
+    )
     child_run = models.ForeignKey(
         WorkflowRun,
         on_delete=models.SET_NULL,

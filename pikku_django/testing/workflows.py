@@ -31,9 +31,9 @@ from pikku_django.models import (
     WorkflowRun,
     WorkflowStep,
 )
-from pikku_django.workflows import registry
+from pikku_django.workflows import fencing_token, registry
 from pikku_django.workflows._values import NewStep
-from pikku_django.workflows.engine import ClaimedStep, WorkflowEngine
+from pikku_django.workflows.engine import ClaimedStep, StepOutcome, WorkflowEngine
 from pikku_django.workflows.errors import (
     StepFunctionNotFoundError,
     WorkflowStepSupersededError,
@@ -328,3 +328,62 @@ class WorkflowFencingContract:
         assert step.status == StepStatus.RUNNING, "the stale result landed"
         assert step.result is None
         assert step.attempt == current.attempt
+
+    def test_stale_claim_token_of_same_attempt_is_refused(
+        self, fencing_engine: WorkflowEngine
+    ) -> None:
+        """A claim that did not survive (as a claim made on a database that then
+        failed over) is refused even where the step was claimed again as the same
+        attempt number: the claim token, not the attempt, fences it."""
+        engine = fencing_engine
+        run = start_run(engine)
+        stale = claim(engine, run)
+        assert stale is not None
+        # The claim is withdrawn (the step back at the attempt before it) and the step
+        # claimed again: the same attempt number, under a new claim.
+        assert engine.store.withdraw_attempt(
+            stale.step_id, stale.attempt, error={"type": "Lost"}, token=stale.claim_token
+        )
+        assert engine.store.reschedule_suspended(stale.step_id, engine.clock.now())
+        current = claim(engine, run)
+        assert current is not None
+        assert current.attempt == stale.attempt, "the claim took another attempt number"
+        assert current.claim_token > stale.claim_token
+        assert step_of(engine, run).claim_token == current.claim_token
+        token = stale.claim_token
+        assert not engine.refresh_step_lease(stale.step_id, 10 * LEASE_MS, stale.attempt, token)
+        with pytest.raises(WorkflowStepSupersededError):
+            engine.set_step_result(stale.step_id, "stale", stale.attempt, token=token)
+        with pytest.raises(WorkflowStepSupersededError):
+            engine.set_step_error(stale.step_id, RuntimeError("stale"), stale.attempt, token=token)
+        assert not engine.store.withdraw_attempt(
+            stale.step_id, stale.attempt, error={"type": "Stale"}, token=token
+        )
+        _behaviour.fn = lambda: "stale"
+        try:
+            assert engine.execute_step(stale) is StepOutcome.SUPERSEDED
+        finally:
+            del _behaviour.fn
+        step = step_of(engine, run)
+        assert (step.status, step.result, step.error) == (StepStatus.RUNNING, None, None)
+        assert engine.refresh_step_lease(
+            current.step_id, 10 * LEASE_MS, current.attempt, current.claim_token
+        )
+        engine.set_step_result(
+            current.step_id, "current", current.attempt, token=current.claim_token
+        )
+        step = step_of(engine, run)
+        assert (step.status, step.result) == (StepStatus.SUCCEEDED, "current")
+
+    def test_step_code_reads_its_claims_fencing_token(self, fencing_engine: WorkflowEngine) -> None:
+        engine = fencing_engine
+        run = start_run(engine)
+        stale, current = supersede(engine, run)
+        assert current.claim_token > stale.claim_token
+        assert fencing_token() is None  # outside a step
+        _behaviour.fn = fencing_token
+        try:
+            assert engine.execute_step(current) is StepOutcome.SUCCEEDED
+        finally:
+            del _behaviour.fn
+        assert step_of(engine, run).result == current.claim_token

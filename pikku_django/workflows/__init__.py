@@ -68,6 +68,7 @@ from pikku_django.workflows.runs._sending import RunExchange
 from pikku_django.workflows.runs._starting import StartOptions
 from pikku_django.workflows.runs.forks import ForkRefusal, ForkRefusedError, fork_run
 from pikku_django.workflows.runs.status import RunSnapshot
+from pikku_django.workflows.steps._current import fencing_token
 from pikku_django.workflows.store import NewRun
 from pikku_django.workflows.worker.intake import (
     Intake,
@@ -134,6 +135,7 @@ __all__ = [
     "await_run",
     "aworkflow_status",
     "cancel_workflow",
+    "fencing_token",
     "fork_run",
     "get_engine",
     "pause_queue",

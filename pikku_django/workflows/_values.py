@@ -207,6 +207,9 @@ class StepDone:
     result: Any
     #: When the attempt ended: its function returned, before the pass after it.
     finished_at: datetime | None = None
+    #: The claim's token (see :attr:`ClaimedStep.claim_token`; None: the attempt's
+    #: fence alone).
+    claim_token: int | None = None
 
 
 @dataclass(frozen=True)
@@ -222,8 +225,9 @@ class Chained:
     #: Whether the pass ran on the result as stored (else its own writes were skipped,
     #: and the run is due for another pass).
     same: bool = True
-    #: The next step, stored claimed: its id and input as stored (None: not stored).
-    claimed: tuple[int, Any] | None = None
+    #: The next step, stored claimed: its id, input as stored and claim token (None:
+    #: not stored).
+    claimed: tuple[int, Any, int] | None = None
     #: Whether the run ended (None: a plain parent step waits on it, so its end is
     #: left to the caller, in a transaction).
     finished: bool | None = False
@@ -277,11 +281,12 @@ class DueRun:
 @dataclass(frozen=True)
 class FirstStepClaimed:
     """A run's first step as a due-run claim stored it, claimed: its id, its columns
-    as ``WorkflowRun.first_step`` held them, and its lease in ms."""
+    as ``WorkflowRun.first_step`` held them, its lease in ms and its claim token."""
 
     step_id: int
     columns: dict[str, Any]
     lease_ms: int
+    claim_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -314,7 +319,8 @@ class RunLeaseAsk:
 
 @dataclass(frozen=True)
 class ClaimedStep:
-    """A step this worker has claimed: its writes must carry ``attempt``."""
+    """A step this worker has claimed: its writes must carry ``attempt`` and
+    ``claim_token``."""
 
     step_id: int
     run_id: uuid.UUID
@@ -337,6 +343,10 @@ class ClaimedStep:
     #: (None where the claim was stamped by the database's clock, not this process).
     worker: str = field(default="", compare=False)
     started_at: datetime | None = field(default=None, compare=False)
+    #: The claim's fencing number: every claim of the step sets a higher one (on
+    #: PostgreSQL, every one after a failover higher than any before it), and a write
+    #: of the attempt is refused once the step was claimed again.
+    claim_token: int = 0
 
 
 @dataclass(frozen=True)

@@ -279,15 +279,23 @@ class WorkflowEngine:
         return self._claims.claim_named(run_id, step_name, function, lease_ms)
 
     def set_step_result(
-        self, step_id: int, result: Any, attempt: int, *, wake: bool | str | Wake = True
+        self,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        *,
+        wake: bool | str | Wake = True,
+        token: int | None = None,
     ) -> Settled | None:
         """Record the result of ``attempt``; WorkflowStepSupersededError if it was replaced.
 
         ``wake`` wakes the step's run for any worker (True), or not (False, or
-        ``"pass"``: this thread passes the run next). Returns what the write found
-        (None when the result was not storable and failed the step instead).
+        ``"pass"``: this thread passes the run next). ``token``: the claim's
+        (:attr:`ClaimedStep.claim_token`), refused once the step was claimed again
+        (None: fenced by ``attempt`` alone). Returns what the write found (None when
+        the result was not storable and failed the step instead).
         """
-        return self.execution.set_result(step_id, result, attempt, wake=Wake.of(wake))
+        return self.execution.set_result(step_id, result, attempt, wake=Wake.of(wake), token=token)
 
     def set_step_error(
         self,
@@ -297,14 +305,20 @@ class WorkflowEngine:
         *,
         wake: bool | str | Wake = True,
         final: bool = False,
+        token: int | None = None,
     ) -> bool:
         """Record that ``attempt`` failed; True if no attempt is left (see
-        :meth:`set_step_result` for ``wake``)."""
-        return self.execution.set_error(step_id, error, attempt, wake=Wake.of(wake), final=final)
+        :meth:`set_step_result` for ``wake`` and ``token``)."""
+        return self.execution.set_error(
+            step_id, error, attempt, wake=Wake.of(wake), final=final, token=token
+        )
 
-    def refresh_step_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:
-        """Extend (or, with None, park) the claim of ``attempt``; False once it was replaced."""
-        return self.store.refresh_lease(step_id, lease_ms, attempt)
+    def refresh_step_lease(
+        self, step_id: int, lease_ms: int | None, attempt: int, token: int | None = None
+    ) -> bool:
+        """Extend (or, with None, park) the claim of ``attempt`` (with the claim
+        ``token``; None: whichever); False once it was replaced."""
+        return self.store.refresh_lease(step_id, lease_ms, attempt, token)
 
     def execute_step(self, claimed: ClaimedStep, *, wake: bool | str | Wake = True) -> StepOutcome:
         """Run a claimed queued step and record its outcome, fenced by its attempt.

@@ -126,7 +126,9 @@ class PassAfterStep:
             run, steps, config=config, inline=self.replay.inline, claimer=claimer
         )
         recorder.write_nothing()
-        done = StepDone(claimed.step_id, claimed.attempt, stored, timezone.now())
+        done = StepDone(
+            claimed.step_id, claimed.attempt, stored, timezone.now(), claimed.claim_token
+        )
         with log_context(run_id=str(run.id), workflow=run.workflow, step=None, attempt=None):
             write = self._pass(recorder, definition.fn, held, done, release)
             if isinstance(write, Unwritten):
@@ -273,7 +275,13 @@ def settle_then_claim(
             pass_wake_at=pass_wake_at,
         )
     with store.atomic():
-        settled = store.settle(done.step_id, done.attempt, StepStatus.SUCCEEDED, result=done.result)
+        settled = store.settle(
+            done.step_id,
+            done.attempt,
+            StepStatus.SUCCEEDED,
+            result=done.result,
+            token=done.claim_token,
+        )
         if settled is None:
             return None
         same = _same_json(settled.result, done.result)

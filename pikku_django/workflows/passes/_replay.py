@@ -289,10 +289,19 @@ class NewClaim:
         step = NewStep.of(recorder.run, name, StepKind.QUEUED, options, payload)
         return cls(step, options, lease_ms, claimer.worker, time.monotonic())
 
-    def stored(self, recorder: StepRecorder, step_id: int, stored_input: Any) -> ClaimedStep:
-        """The claimed step once stored as ``step_id`` (its input as stored), added to
-        the pass's steps, which its run carries to the pass after it."""
-        row = WorkflowStep(id=step_id, **self.step.columns(), status=StepStatus.RUNNING, attempt=1)
+    def stored(
+        self, recorder: StepRecorder, step_id: int, stored_input: Any, claim_token: int
+    ) -> ClaimedStep:
+        """The claimed step once stored as ``step_id`` (its input as stored, its claim
+        ``claim_token``), added to the pass's steps, which its run carries to the pass
+        after it."""
+        row = WorkflowStep(
+            id=step_id,
+            **self.step.columns(),
+            status=StepStatus.RUNNING,
+            attempt=1,
+            claim_token=claim_token,
+        )
         row.input = stored_input
         recorder.remember(row)
         options = self.options
@@ -308,6 +317,7 @@ class NewClaim:
             queue=options.queue,
             carried=CarriedRun(recorder.run, recorder.steps),
             claimed_at=self.claimed_at,
+            claim_token=claim_token,
             timeout=options.timeout,
             worker=self.worker,
         )

@@ -142,6 +142,7 @@ class FirstSteps:
             priority=run.priority,
             status=StepStatus.RUNNING,
             attempt=1,
+            claim_token=first.claim_token,
             **{field: hint.get(field) for field in HINT_FIELDS},
         )
         return ClaimedStep(
@@ -158,6 +159,7 @@ class FirstSteps:
             claimed_at=due.asked_at,
             timeout=row.timeout,
             worker=worker,
+            claim_token=first.claim_token,
         )
 
 

@@ -116,7 +116,11 @@ class RunStates:
         else:
             with store.atomic():
                 settled = store.settle(
-                    done.step_id, done.attempt, StepStatus.SUCCEEDED, result=done.result
+                    done.step_id,
+                    done.attempt,
+                    StepStatus.SUCCEEDED,
+                    result=done.result,
+                    token=done.claim_token,
                 )
                 if settled is None:
                     return None

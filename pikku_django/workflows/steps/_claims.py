@@ -115,6 +115,7 @@ class Claims:
             reclaimed=got.reclaimed,
             worker=worker,
             started_at=got.started_at,
+            claim_token=got.claim_token,
         )
 
     def claim_inline(self, step: WorkflowStep) -> ClaimedStep | None:
@@ -136,7 +137,8 @@ class Claims:
             claimed_at,
             reclaimed=reclaimed,
             worker=worker,
-            started_at=started,
+            started_at=started.at,
+            claim_token=started.claim_token,
         )
 
     def due_runs(self, limit: int = 1) -> list[uuid.UUID]:
@@ -342,8 +344,10 @@ def _claimed(
     reclaimed: bool,
     worker: str,
     started_at: datetime | None = None,
+    claim_token: int | None = None,
 ) -> ClaimedStep:
-    """The claim of ``attempt`` of ``step`` by ``worker``."""
+    """The claim of ``attempt`` of ``step`` by ``worker``, with ``claim_token`` (the
+    step's own, as its claim's statement returned it, when None)."""
     return ClaimedStep(
         step_id=step.id,
         run_id=step.run_id,
@@ -359,4 +363,5 @@ def _claimed(
         timeout=step.timeout,
         worker=worker,
         started_at=started_at,
+        claim_token=step.claim_token if claim_token is None else claim_token,
     )

@@ -63,14 +63,21 @@ class Execution:
     # -- fenced writes ---------------------------------------------------------------
 
     def set_result(
-        self, step_id: int, result: Any, attempt: int, *, wake: Wake = Wake.NOW
+        self,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        *,
+        wake: Wake = Wake.NOW,
+        token: int | None = None,
     ) -> Settled | None:
-        """Record the result of ``attempt``; WorkflowStepSupersededError if it was
-        replaced. None when the result was not storable and failed the step instead."""
+        """Record the result of ``attempt`` (claimed with ``token``);
+        WorkflowStepSupersededError if it was replaced. None when the result was not
+        storable and failed the step instead."""
         try:
             payload = to_json(result, f"The result of step {step_id}")
         except NotSerializableError as exc:
-            self.set_error(step_id, exc, attempt, wake=wake, final=True)
+            self.set_error(step_id, exc, attempt, wake=wake, final=True, token=token)
             return None
         settled = self.store.settle(
             step_id,
@@ -79,6 +86,7 @@ class Execution:
             result=payload,
             wake=wake,
             wake_at=self.wake_at(wake),
+            token=token,
         )
         if settled is None:
             raise WorkflowStepSupersededError(step_id, attempt)
@@ -95,9 +103,11 @@ class Execution:
         *,
         wake: Wake = Wake.NOW,
         final: bool = False,
+        token: int | None = None,
     ) -> bool:
-        """Record that ``attempt`` failed; True if no attempt is left. ``wake`` applies
-        once no attempt is left. WorkflowStepSupersededError if the attempt was replaced."""
+        """Record that ``attempt`` (claimed with ``token``) failed; True if no attempt
+        is left. ``wake`` applies once no attempt is left. WorkflowStepSupersededError
+        if the attempt was replaced."""
         data = (
             serialize_error(error)
             if isinstance(error, BaseException)
@@ -121,6 +131,7 @@ class Execution:
             retries=attempt - 1 if final else None,
             wake=wake if exhausted else Wake.NONE,
             wake_at=self.wake_at(wake),
+            token=token,
         )
         if settled is None:
             raise WorkflowStepSupersededError(step_id, attempt)
@@ -203,7 +214,9 @@ class Execution:
             check_in_time(claimed)  # a late result is refused: the attempt timed out
             done = success_wake(claimed, wake)
             return retrying(
-                lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=done)
+                lambda: self.set_result(
+                    claimed.step_id, result, claimed.attempt, wake=done, token=claimed.claim_token
+                )
             )
 
         with self._log_context(claimed):
@@ -236,7 +249,9 @@ class Execution:
                     result = to_json(registry.call_step_function(fn, claimed.input), what)
                 check_in_time(claimed)  # a late attempt's writes roll back
                 self._check_run_running(claimed)
-                return self.set_result(claimed.step_id, result, claimed.attempt, wake=done)
+                return self.set_result(
+                    claimed.step_id, result, claimed.attempt, wake=done, token=claimed.claim_token
+                )
 
         def call_and_settle() -> Settled | None:
             if claimed.transactional:
@@ -250,7 +265,9 @@ class Execution:
                 if settled is not None:
                     return settled
             return retrying(
-                lambda: self.set_result(claimed.step_id, result, claimed.attempt, wake=done)
+                lambda: self.set_result(
+                    claimed.step_id, result, claimed.attempt, wake=done, token=claimed.claim_token
+                )
             )
 
         return self._settled(claimed, wake, info, began, call_and_settle)
@@ -286,6 +303,7 @@ class Execution:
                         claimed.attempt,
                         wake=wake,
                         final=isinstance(failure, NotSerializableError),
+                        token=claimed.claim_token,
                     )
                 )
             except WorkflowStepSupersededError as superseded:
@@ -331,6 +349,7 @@ class Execution:
                 StepStatus.FAILED,
                 error=error,
                 retries=claimed.attempt - 1,
+                token=claimed.claim_token,
             )
         except Exception:
             logger.exception("Could not close step %s of stopped run", claimed.name)
@@ -339,7 +358,9 @@ class Execution:
     def _function_missing(self, claimed: ClaimedStep) -> StepOutcome:
         """The current attempt's function is missing: suspend the run (RPC_NOT_FOUND)."""
         error = serialize_error(StepFunctionNotFoundError(claimed.function))
-        won = self.store.withdraw_attempt(claimed.step_id, claimed.attempt, error=error)
+        won = self.store.withdraw_attempt(
+            claimed.step_id, claimed.attempt, error=error, token=claimed.claim_token
+        )
         if not won:
             logger.warning(
                 "Superseded attempt %d of step %s found no function %r; left to its new owner",

@@ -73,6 +73,7 @@ def time_out(store: WorkflowStore, step: WorkflowStep, now: datetime) -> None:
         error=serialize_error(exc),
         available_at=None if exhausted else now + retry_delay_for(step, step.attempt),
         wake=Wake.NOW if exhausted else Wake.NONE,
+        token=step.claim_token,  # the lapsed claim, as the decision read it
     )
     if settled is None:
         return  # settled meanwhile by its worker: the attempt is over either way

@@ -21,7 +21,9 @@ logger = workflow_logger(__name__)
 class LeaseRefresher(Protocol):
     """What renews a step's claim (a WorkflowEngine)."""
 
-    def refresh_step_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool: ...
+    def refresh_step_lease(
+        self, step_id: int, lease_ms: int | None, attempt: int, token: int | None = None
+    ) -> bool: ...
 
 
 #: Leases shorter than this still renew every half lease, with one warning.
@@ -77,7 +79,9 @@ def keep_step_lease(engine: LeaseRefresher, claimed: ClaimedStep) -> Iterator[th
                 if lease_ms is None:
                     return  # past its timeout: the lease lapses at the deadline
                 try:
-                    held = engine.refresh_step_lease(claimed.step_id, lease_ms, claimed.attempt)
+                    held = engine.refresh_step_lease(
+                        claimed.step_id, lease_ms, claimed.attempt, claimed.claim_token
+                    )
                 except Exception:
                     logger.warning(
                         "Renewing the lease of step %s failed; will retry",

@@ -36,7 +36,7 @@ from pikku_django.workflows.control._pause_conditions import paused_look
 from pikku_django.workflows.control.queues import Rate
 from pikku_django.workflows.runs._options import RunOptions
 from pikku_django.workflows.store.bulk_starts import BulkStarts
-from pikku_django.workflows.store.decisions import Decision
+from pikku_django.workflows.store.decisions import Decision, Started
 from pikku_django.workflows.store.fork import RunForks
 from pikku_django.workflows.store.queue_writes import QueueWrites
 from pikku_django.workflows.store.run_writes import RunWrites
@@ -320,9 +320,10 @@ class WorkflowStore(
     @abc.abstractmethod
     def insert_claimed(
         self, step: NewStep, *, lease_ms: int, worker: str, park_wakes: int
-    ) -> tuple[int, Any] | None:
+    ) -> tuple[int, Any, int] | None:
         """Insert a step running as attempt 1 under this worker's lease, and park its
-        run unless it was woken since ``park_wakes``: its id and input as stored; None
+        run unless it was woken since ``park_wakes``: its id, input as stored and
+        claim token (the store's first); None
         (nothing written) if the step exists or the run is no longer running."""
 
     @abc.abstractmethod
@@ -338,9 +339,11 @@ class WorkflowStore(
         retries: int | None = None,
         wake: Wake = Wake.NONE,
         wake_at: datetime | None = None,
+        token: int | None = None,
     ) -> Settled | None:
         """Write an attempt's outcome on its step and history row, fenced by
-        ``attempt`` (only while the step is still running under it). With
+        ``attempt`` and its claim ``token`` (only while the step is still running
+        under that claim; None: under that attempt, whichever claim). With
         :attr:`Wake.NOW` wake its run at ``wake_at`` (counted, announced); with
         :attr:`Wake.PASS` make it due at ``wake_at`` (not counted).
 
@@ -356,11 +359,12 @@ class WorkflowStore(
         lease_ms: int,
         worker: str,
         pausable: bool = False,
-    ) -> datetime | None:
-        """Start attempt ``step.attempt + 1`` under this worker's lease, if the step
-        still matches ``guard``, its run is running and (``pausable``) its queue is not
-        paused (one guarded UPDATE, and the attempt's history row): when the attempt
-        started as recorded, or None when this caller did not win."""
+    ) -> Started | None:
+        """Start attempt ``step.attempt + 1`` under this worker's lease, with the
+        step's next claim token, if the step still matches ``guard``, its run is
+        running and (``pausable``) its queue is not paused (one guarded UPDATE, and the
+        attempt's history row): when the attempt started as recorded and its claim
+        token, or None when this caller did not win."""
 
     @abc.abstractmethod
     def decide_claim(
@@ -373,8 +377,11 @@ class WorkflowStore(
         are due by."""
 
     @abc.abstractmethod
-    def refresh_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:
-        """Extend (or, with None, park) the claim of ``attempt``; False once replaced."""
+    def refresh_lease(
+        self, step_id: int, lease_ms: int | None, attempt: int, token: int | None = None
+    ) -> bool:
+        """Extend (or, with None, park) the claim of ``attempt`` with the claim
+        ``token`` (None: whichever); False once replaced."""
 
     # -- finding work --------------------------------------------------------------------
 

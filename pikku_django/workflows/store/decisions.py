@@ -25,10 +25,21 @@ class Verdict(enum.StrEnum):
 class Decision:
     """A claim decision and what it wrote: ``won`` (the claim made, or the expired
     step failed, by this caller), the attempt judged, whether the step was running
-    (a lapsed claim taken over) and, when claimed, when its new attempt started."""
+    (a lapsed claim taken over) and, when claimed, when its new attempt started and
+    its claim token."""
 
     verdict: Verdict
     won: bool = False
     attempt: int = 0
     reclaimed: bool = False
     started_at: datetime | None = None
+    claim_token: int = 0
+
+
+@dataclass(frozen=True)
+class Started:
+    """A claim of a step's next attempt made: when the attempt started as recorded,
+    and the claim's token."""
+
+    at: datetime | None
+    claim_token: int

@@ -144,7 +144,7 @@ class OrmStore(OrmClaims):
 
     def insert_claimed(
         self, step: NewStep, *, lease_ms: int, worker: str, park_wakes: int
-    ) -> tuple[int, Any] | None:
+    ) -> tuple[int, Any, int] | None:
         try:
             with self.atomic():
                 # Only a running run's steps are claimed, and none of a paused queue.
@@ -157,6 +157,7 @@ class OrmStore(OrmClaims):
                     **step.columns(),
                     status=StepStatus.RUNNING,
                     attempt=1,
+                    claim_token=self.first_claim_token,
                     available_at=None,
                     lease_expires_at=EpochMs() + int(lease_ms),
                 )
@@ -171,7 +172,7 @@ class OrmStore(OrmClaims):
                 ).update(wake_at=None, updated_at=timezone.now())
         except IntegrityError:
             return None
-        return row.id, self.as_stored(row.id, "input", step.input)
+        return row.id, self.as_stored(row.id, "input", step.input), self.first_claim_token
 
     def settle(
         self,
@@ -185,12 +186,13 @@ class OrmStore(OrmClaims):
         retries: int | None = None,
         wake: Wake = Wake.NONE,
         wake_at: datetime | None = None,
+        token: int | None = None,
     ) -> Settled | None:
         now = timezone.now()
         with self.atomic():
             run_id = (
                 self.steps()
-                .filter(running_attempt(step_id, attempt))
+                .filter(running_attempt(step_id, attempt, token))
                 .select_for_update()
                 .values_list("run_id", flat=True)
                 .first()
@@ -242,11 +244,12 @@ class OrmStore(OrmClaims):
             .update(status=RunStatus.COMPLETED, output=output, wake_at=None, updated_at=now)
         )
 
-    def refresh_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool:
+    def refresh_lease(
+        self, step_id: int, lease_ms: int | None, attempt: int, token: int | None = None
+    ) -> bool:
         expires = None if lease_ms is None else EpochMs() + int(lease_ms)
-        return bool(
-            self.steps().filter(running_attempt(step_id, attempt)).update(lease_expires_at=expires)
-        )
+        fence = running_attempt(step_id, attempt, token)
+        return bool(self.steps().filter(fence).update(lease_expires_at=expires))
 
     # -- finding work --------------------------------------------------------------------
 

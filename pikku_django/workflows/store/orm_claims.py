@@ -4,9 +4,10 @@ UPDATE (PostgreSQL's is one statement, in ``postgresql_sql``)."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from pikku_django.dbclock import EpochMs
@@ -14,11 +15,18 @@ from pikku_django.models import AttemptStatus, RunStatus, StepKind, StepStatus, 
 from pikku_django.workflows.control._pause_conditions import paused
 from pikku_django.workflows.errors import WorkflowStepLeaseExpiredError, serialize_error
 from pikku_django.workflows.store.base import WorkflowStore
-from pikku_django.workflows.store.decisions import Decision, Verdict
+from pikku_django.workflows.store.decisions import Decision, Started, Verdict
 
 
 class OrmClaims(WorkflowStore):
     """Claims through the ORM."""
+
+    #: The claim token of a step stored claimed (its first claim).
+    first_claim_token = 1
+
+    def next_claim_token(self) -> Any:
+        """The claim token a claim of a step sets (an expression on its row)."""
+        return F("claim_token") + 1
 
     def decide_claim(
         self, step: WorkflowStep, *, lease_ms: int, worker: str, pausable: bool, now: datetime
@@ -41,7 +49,7 @@ class OrmClaims(WorkflowStore):
             started = self.claim_attempt(
                 step, lapsed, lease_ms=lease_ms, worker=worker, pausable=pausable
             )
-            return Decision(Verdict.CLAIM, started is not None, attempt, True, started)
+            return _decided(attempt, True, started)
         due = step.available_at
         if due is not None and due > now:
             return Decision(Verdict.NONE, attempt=attempt)  # a retry waits for its delay
@@ -52,7 +60,7 @@ class OrmClaims(WorkflowStore):
         started = self.claim_attempt(
             step, guard, lease_ms=lease_ms, worker=worker, pausable=pausable
         )
-        return Decision(Verdict.CLAIM, started is not None, attempt, False, started)
+        return _decided(attempt, False, started)
 
     def _past_timeout(self, step: WorkflowStep) -> bool:
         """Whether the lapsed attempt of ``step`` began at least its timeout ago."""
@@ -95,7 +103,7 @@ class OrmClaims(WorkflowStore):
         lease_ms: int,
         worker: str,
         pausable: bool = False,
-    ) -> datetime | None:
+    ) -> Started | None:
         attempt = step.attempt + 1
         # Only a step of a running run is claimed, by whichever route: a cancelled
         # (or otherwise settled) run's steps never run again.
@@ -109,6 +117,7 @@ class OrmClaims(WorkflowStore):
             won = claimable.update(
                 status=StepStatus.RUNNING,
                 attempt=attempt,
+                claim_token=self.next_claim_token(),
                 result=None,
                 error=None,
                 available_at=None,
@@ -126,4 +135,12 @@ class OrmClaims(WorkflowStore):
             row = self.attempts().create(
                 step_id=step.id, attempt=attempt, status=StepStatus.RUNNING, worker=worker[:255]
             )
-        return row.started_at
+            token = self.steps().filter(id=step.id).values_list("claim_token", flat=True).get()
+        return Started(row.started_at, int(token))
+
+
+def _decided(attempt: int, reclaimed: bool, started: Started | None) -> Decision:
+    """The decision to claim ``attempt`` + 1, and whether the claim was made."""
+    if started is None:
+        return Decision(Verdict.CLAIM, False, attempt, reclaimed)
+    return Decision(Verdict.CLAIM, True, attempt, reclaimed, started.at, started.claim_token)

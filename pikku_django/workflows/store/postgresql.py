@@ -132,6 +132,7 @@ class PostgresStore(PostgresClaims):
         retries: int | None = None,
         wake: Wake = Wake.NONE,
         wake_at: datetime | None = None,
+        token: int | None = None,
     ) -> Settled | None:
         now = timezone.now()
         ending = wake is Wake.END
@@ -148,6 +149,7 @@ class PostgresStore(PostgresClaims):
             step_id,
             attempt,
             StepStatus.RUNNING,
+            token,
             status,
             now,
             res,
@@ -197,9 +199,9 @@ class PostgresStore(PostgresClaims):
         row = fetch_one(self.using, statement("settle_then_claim"), params)
         if row is None:
             return None
-        result_text, step_id, input_text, run_status, run_wakes = row
+        result_text, step_id, input_text, run_status, run_wakes, token = row
         same = result_text == jsonb_text(done.result)
-        claimed = None if step_id is None else (step_id, loads(input_text))
+        claimed = None if step_id is None else (step_id, loads(input_text), int(token))
         if claimed is None:
             paused_look.forget(self.using)  # the queue may have been paused
         return Chained(loads(result_text), run_status, run_wakes, same, claimed)

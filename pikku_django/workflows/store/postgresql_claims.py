@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from pikku_django.leases.base import Lease
@@ -33,6 +34,7 @@ from pikku_django.workflows.store.postgresql_rows import (
     loads,
 )
 from pikku_django.workflows.store.postgresql_sql import (
+    NEXT_CLAIM_TOKEN,
     NO_CAP,
     QUEUE_LOCK_SPACE,
     statement,
@@ -54,6 +56,10 @@ class PostgresClaims(OrmStore):
 
     takes_run_leases = True
 
+    def next_claim_token(self) -> Any:
+        # The ORM's claims (an inline run's step) take tokens as the statements do.
+        return RawSQL(NEXT_CLAIM_TOKEN, ())  # noqa: S611 (a constant of this package)
+
     def decide_claim(
         self, step: WorkflowStep, *, lease_ms: int, worker: str, pausable: bool, now: datetime
     ) -> Decision:
@@ -65,8 +71,9 @@ class PostgresClaims(OrmStore):
         row = fetch_one(self.using, statement("claim_step"), params)
         if row is None:
             return Decision(Verdict.NONE)  # no such step
-        verdict, won, attempt, reclaimed, started = row
-        return Decision(Verdict(verdict), bool(won), int(attempt), bool(reclaimed), started)
+        verdict, won, attempt, reclaimed, started, token = row
+        token = 0 if token is None else int(token)
+        return Decision(Verdict(verdict), bool(won), int(attempt), bool(reclaimed), started, token)
 
     def limited_claim(self, queues: Sequence[str]) -> AbstractContextManager[None]:
         return queue_locks(self.using, queues)
@@ -155,24 +162,25 @@ class PostgresClaims(OrmStore):
             params += [ask.ttl_ms, ask.prefix]
         claimed = []
         for row in fetch(self.using, statement(name), params):
-            end = len(row) - (6 if first is not None else 3)
+            end = len(row) - (7 if first is not None else 3)
             run = from_db(self.using, WorkflowRun, row[:end])
             stepless, token, expires_at = row[end : end + 3]
             lease = None
             if token is not None:
                 lease = Lease(f"{ask.prefix}{run.id}", ask.holder, int(token), int(expires_at))
             stored = None
-            if first is not None and row[-3] is not None:
-                stored = FirstStepClaimed(int(row[-3]), loads(row[-2]), int(row[-1]))
+            if first is not None and row[-4] is not None:
+                step_id, columns, lease_ms, token = row[-4:]
+                stored = FirstStepClaimed(int(step_id), loads(columns), int(lease_ms), int(token))
             claimed.append(DueRun(run, stepless, lease, asked_at, lease is None, stored))
         return claimed
 
     def insert_claimed(
         self, step: NewStep, *, lease_ms: int, worker: str, park_wakes: int
-    ) -> tuple[int, Any] | None:
+    ) -> tuple[int, Any, int] | None:
         params = claimed_params(step, lease_ms, worker, park_wakes, timezone.now())
         row = fetch_one(self.using, statement("insert_claimed"), params)
         if row is None:
             paused_look.forget(self.using)  # the queue may have been paused
             return None
-        return row[0], loads(row[1])
+        return row[0], loads(row[1]), int(row[2])

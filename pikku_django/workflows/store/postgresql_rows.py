@@ -94,7 +94,8 @@ def step_done_params(done: StepDone, now: datetime) -> list[Any]:
     result = jsonb(done.result)
     succeeded, running = StepStatus.SUCCEEDED, StepStatus.RUNNING
     step, attempt, ended = done.step_id, done.attempt, done.finished_at or now
-    return [succeeded, now, result, step, attempt, running, succeeded, ended, result, step, attempt]
+    fence = [step, attempt, running, done.claim_token]
+    return [succeeded, now, result, *fence, succeeded, ended, result, step, attempt]
 
 
 def claimed_params(

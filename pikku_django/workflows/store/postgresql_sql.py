@@ -18,7 +18,11 @@ from django.db import connections
 from django.db.models import JSONField
 
 from pikku_django.dbclock import POSTGRESQL_NOW_MS
-from pikku_django.leases.sql import PostgreSQLLeaseSQL
+from pikku_django.leases.sql import (
+    POSTGRESQL_FIRST_TOKEN,
+    PostgreSQLLeaseSQL,
+    postgresql_next_token,
+)
 from pikku_django.models import (
     CLAIMABLE_STATUSES,
     AttemptStatus,
@@ -80,6 +84,7 @@ STEP_STATE_FIELDS = (
     "lease_expires_at",
     "created_at",
     "updated_at",
+    "claim_token",
 )
 #: The lease of a step without a timeout is not capped (the largest bigint).
 NO_CAP = 2**63 - 1
@@ -110,7 +115,7 @@ _RUN_LEASE_KEY = f"%s || c.{r('id')}::text"
 #: them (parameters: key prefix, holder, ttl ms, then the upsert's).
 _TAKE_RUN_LEASES = (
     f"l AS (INSERT INTO pikku_lease AS l (key, holder, token, expires_at) "
-    f"SELECT {_RUN_LEASE_KEY}, %s, 1, {POSTGRESQL_NOW_MS} + %s FROM c "
+    f"SELECT {_RUN_LEASE_KEY}, %s, {POSTGRESQL_FIRST_TOKEN}, {POSTGRESQL_NOW_MS} + %s FROM c "
     f"{PostgreSQLLeaseSQL.TAKE_ON_CONFLICT} RETURNING l.key, l.token, l.expires_at)"
 )
 
@@ -123,11 +128,26 @@ def all_columns(model: type[Any]) -> str:
 # -- shared conditions ---------------------------------------------------------------
 
 
+#: The claim token of a step's next claim (the lease tokens' rule), and of a step
+#: inserted claimed.
+NEXT_CLAIM_TOKEN = postgresql_next_token(s("claim_token"))
+FIRST_CLAIM_TOKEN = POSTGRESQL_FIRST_TOKEN
+#: The fence of every statement here that writes a claimed attempt's outcome (the
+#: steps table unaliased; through the ORM it is ``step_writes.running_attempt``): the
+#: step still running as that attempt under that claim. Parameters: step id,
+#: attempt, running, claim token (NULL: fenced by the attempt alone).
+CLAIM_FENCE = (
+    f"{s('id')} = %s AND {s('attempt')} = %s AND {s('status')} = %s "
+    f"AND {s('claim_token')} = COALESCE(%s::bigint, {s('claim_token')})"
+)
+
+
 def claimed(attempt: str, lease: str) -> str:
     """The SET of a step claimed as attempt ``attempt`` + 1 under a lease of ``lease``
-    ms (SQL expressions). Parameter: updated at."""
+    ms (SQL expressions), with its next claim token. Parameter: updated at."""
     return (
         f"{s('status')} = '{StepStatus.RUNNING}', {s('attempt')} = {attempt} + 1, "
+        f"{s('claim_token')} = {NEXT_CLAIM_TOKEN}, "
         f"{s('result')} = NULL, {s('error')} = NULL, {s('available_at')} = NULL, "
         f"{s('lease_expires_at')} = {POSTGRESQL_NOW_MS} + {lease}, {s('updated_at')} = %s"
     )
@@ -199,12 +219,11 @@ def _fresh_from(fresh_on: bool, excluding: bool = True) -> str:
 def _step_done_ctes() -> str:
     """``done`` and ``done_a``: a step attempt's success (``done`` returns the step's
     run and its result as text). Parameters: succeeded, updated at, result, step id,
-    attempt, running; succeeded, finished at, result, step id, attempt."""
+    attempt, running, claim token; succeeded, finished at, result, step id, attempt."""
     return (
         f"done AS (UPDATE {STEPS} SET {s('status')} = %s, {s('lease_expires_at')} = NULL, "
         f"{s('updated_at')} = %s, {s('result')} = %s::jsonb, {s('error')} = NULL, "
-        f"{s('available_at')} = NULL "
-        f"WHERE {s('id')} = %s AND {s('attempt')} = %s AND {s('status')} = %s "
+        f"{s('available_at')} = NULL WHERE {CLAIM_FENCE} "
         f"RETURNING {s('run_id')} AS run_id, {s('result')}::text AS result), "
         f"done_a AS (UPDATE {ATTEMPTS} SET {a('status')} = %s, {a('finished_at')} = %s, "
         f"{a('result')} = %s::jsonb, {a('error')} = NULL "
@@ -358,7 +377,7 @@ def _claim_step() -> str:
     Parameters: step id, now, now; pausable; lease ms, updated at; superseded at;
     worker, started at; the error (JSON text), updated at; the error, finished at.
     Returns the verdict, whether this claimed (or failed) the step, the attempt
-    judged, whether it was running, and the new attempt's start."""
+    judged, whether it was running, the new attempt's start and its claim token."""
     running, failed = f"'{StepStatus.RUNNING}'", f"'{StepStatus.FAILED}'"
     lapsed = f"st.{s('lease_expires_at')} < {POSTGRESQL_NOW_MS}"
     attempt_left = f"st.{s('attempt')} < st.{s('retries')} + 1"
@@ -401,7 +420,8 @@ def _claim_step() -> str:
         f"AND {still_lapsed} AND {live_run} "
         f"AND (NOT %s OR {step('kind')} <> '{StepKind.QUEUED}' "
         f"OR {not_paused(step('queue'))}) "
-        f"RETURNING {step('id')} AS id, {step('attempt')} AS attempt), "
+        f"RETURNING {step('id')} AS id, {step('attempt')} AS attempt, "
+        f"{step('claim_token')} AS token), "
         f"sup AS (UPDATE {ATTEMPTS} SET {a('status')} = '{AttemptStatus.SUPERSEDED}', "
         f"{a('finished_at')} = %s FROM d WHERE d.status = {running} "
         f"AND {att('step_id')} IN (SELECT id FROM c) AND {att('attempt')} = d.attempt "
@@ -416,7 +436,7 @@ def _claim_step() -> str:
         f"{a('finished_at')} = %s FROM d WHERE {att('step_id')} IN (SELECT id FROM x) "
         f"AND {att('attempt')} = d.attempt) "
         f"SELECT d.verdict, EXISTS (SELECT 1 FROM c) OR EXISTS (SELECT 1 FROM x), d.attempt, "
-        f"d.status = {running}, (SELECT started FROM n) FROM d"
+        f"d.status = {running}, (SELECT started FROM n), (SELECT token FROM c) FROM d"
     )
 
 
@@ -574,7 +594,8 @@ def _claim_due_runs_first(served: bool) -> str:
     names and leases, the default lease; key prefix; the workflows known, the queues
     left out, the queues served (``served``); created at, updated at; worker, started
     at; until; key prefix. Each row: the run's columns, stepless, the lease's token
-    and expiry, then the step's id, its ``first_step`` as text and its lease in ms."""
+    and expiry, then the step's id, its ``first_step`` as text, its lease in ms and
+    its claim token."""
     hint_queue = "(c.h->>'queue')"
     timeout = "(c.h->>'timeout')::double precision"
     lease = step_lease(hint_queue, timeout, no_cap=f"{NO_CAP}::bigint")
@@ -591,16 +612,17 @@ def _claim_due_runs_first(served: bool) -> str:
         f"AND {not_paused(hint_queue)}), "
         f"s AS (INSERT INTO {STEPS} ({_NEW_STEP_COLS}) SELECT {new_vals}, "
         f"'{StepStatus.RUNNING}', NULL, NULL, 1, NULL, {POSTGRESQL_NOW_MS} + o.lease, "
-        f"%s::timestamptz, %s::timestamptz "
+        f"%s::timestamptz, %s::timestamptz, {FIRST_CLAIM_TOKEN} "
         f"FROM o {_ON_STEP_CONFLICT} "
-        f"RETURNING {s('id')} AS id, {s('run_id')} AS run_id), "
+        f"RETURNING {s('id')} AS id, {s('run_id')} AS run_id, {s('claim_token')} AS token), "
         f"a AS ({_START_ATTEMPTS} s.id, 1, '{StepStatus.RUNNING}', %s::text, "
         f"%s::timestamptz FROM s), "
         f"u AS (UPDATE {RUNS} SET {r('wake_at')} = CASE WHEN {RUNS}.{r('id')} IN "
         f"(SELECT run_id FROM s) THEN NULL ELSE %s::timestamptz END, {r('first_step')} = NULL "
         f"WHERE {r('id')} = ANY(ARRAY(SELECT id FROM c)) "
         f"RETURNING {all_columns(WorkflowRun)}) "
-        f"SELECT u.*, c.stepless, l.token, l.expires_at, s.id, o.h::text, o.lease FROM u "
+        f"SELECT u.*, c.stepless, l.token, l.expires_at, s.id, o.h::text, o.lease, s.token "
+        f"FROM u "
         f"JOIN c ON c.id = u.{r('id')} LEFT JOIN l ON l.key = {key} "
         f"LEFT JOIN s ON s.run_id = c.id LEFT JOIN o ON o.id = s.run_id"
     )
@@ -613,15 +635,15 @@ def _insert_claimed(after_step: bool = False) -> str:
 
     Parameters: the step's columns (:data:`NEW_STEP_FIELDS`), running, lease ms,
     created at, updated at, run id, running, the step's queue; attempt status, worker,
-    started at; updated at, run id, running, park wakes. Returns the step's id and
-    input as text.
+    started at; updated at, run id, running, park wakes. Returns the step's id,
+    input as text and claim token.
 
     ``after_step`` (``settle_then_claim``): the step success first (the ``done``
     CTEs, their parameters first), the claim only if that was recorded with its
     result as expected (its text, a parameter after the claim's "running"), and else
     the run due at a time given last (parameters: pass wake at, updated at, run id,
     running). Returns the result as stored, the step's id and input, the run's status
-    and wakes; no row when the success was not recorded."""
+    and wakes, the step's claim token; no row when the success was not recorded."""
     guard = (
         " AND EXISTS (SELECT 1 FROM done WHERE done.result IS NOT DISTINCT FROM %s)"
         if after_step
@@ -630,22 +652,22 @@ def _insert_claimed(after_step: bool = False) -> str:
     sql = (
         f"WITH {_step_done_ctes() + ', ' if after_step else ''}"
         f"s AS (INSERT INTO {STEPS} ({_NEW_STEP_COLS}) "
-        f"SELECT {_NEW_STEP_VALS}, %s, NULL, NULL, 1, NULL, {POSTGRESQL_NOW_MS} + %s, %s, %s "
-        f"WHERE {_RUN_IN_STATUS} "
+        f"SELECT {_NEW_STEP_VALS}, %s, NULL, NULL, 1, NULL, {POSTGRESQL_NOW_MS} + %s, %s, %s, "
+        f"{FIRST_CLAIM_TOKEN} WHERE {_RUN_IN_STATUS} "
         f"AND {not_paused('%s')}{guard} {_ON_STEP_CONFLICT} "
-        f"RETURNING {s('id')} AS id, {s('input')} AS input), "
+        f"RETURNING {s('id')} AS id, {s('input')} AS input, {s('claim_token')} AS token), "
         f"a AS ({_START_ATTEMPTS} id, 1, %s, %s, %s FROM s), "
         f"r AS (UPDATE {RUNS} SET {r('wake_at')} = NULL, {r('updated_at')} = %s "
         f"WHERE {r('id')} = %s AND {r('status')} = %s AND {r('wakes')} = %s "
         f"AND {r('wake_at')} IS NOT NULL AND EXISTS (SELECT 1 FROM s))"
     )
     if not after_step:
-        return sql + " SELECT id, input::text FROM s"
+        return sql + " SELECT id, input::text, token FROM s"
     return sql + (
         f", rp AS (UPDATE {RUNS} SET {r('wake_at')} = %s, {r('updated_at')} = %s "
         f"WHERE {r('id')} = %s AND {r('status')} = %s AND NOT EXISTS (SELECT 1 FROM s) "
         f"AND EXISTS (SELECT 1 FROM done)) "
-        f"SELECT done.result, s.id, s.input::text, run.{r('status')}, run.{r('wakes')} "
+        f"SELECT done.result, s.id, s.input::text, run.{r('status')}, run.{r('wakes')}, s.token "
         f"FROM done LEFT JOIN s ON true JOIN {RUNS} run ON run.{r('id')} = done.run_id"
     )
 
@@ -661,7 +683,7 @@ def _insert_settled() -> str:
     attempt_tail = columns(StepAttempt, ("worker", "started_at", "finished_at"), q)
     return (
         f"WITH s AS (INSERT INTO {STEPS} ({_NEW_STEP_COLS}) "
-        f"SELECT {_NEW_STEP_VALS}, %s, %s::jsonb, %s::jsonb, 1, %s, NULL, %s, %s "
+        f"SELECT {_NEW_STEP_VALS}, %s, %s::jsonb, %s::jsonb, 1, %s, NULL, %s, %s, 0 "
         f"WHERE {_RUN_IN_STATUS} {_ON_STEP_CONFLICT} "
         f"RETURNING {s('id')} AS id, {s('result')} AS result) "
         f"INSERT INTO {ATTEMPTS} ({attempt_cols}, {attempt_tail}) "
@@ -671,16 +693,16 @@ def _insert_settled() -> str:
 
 
 def _settle() -> str:
-    """An attempt's outcome, fenced by its attempt, and its run woken, made due or
+    """An attempt's outcome, fenced by its claim, and its run woken, made due or
     ended (``Wake``). Parameters: status, updated at, result, error, available at,
-    retries (NULL: kept), step id, attempt, running; status, finished at, result,
+    retries (NULL: kept), step id, attempt, running, claim token; status, finished at, result,
     error, step id, attempt; ending; wake at, wakes added, updated at, touching,
     running; the run-end channel, the work channel, announcing."""
     return (
         f"WITH s AS (UPDATE {STEPS} SET {s('status')} = %s, {s('lease_expires_at')} = NULL, "
         f"{s('updated_at')} = %s, {s('result')} = %s::jsonb, {s('error')} = %s::jsonb, "
         f"{s('available_at')} = %s, {s('retries')} = COALESCE(%s, {s('retries')}) "
-        f"WHERE {s('id')} = %s AND {s('attempt')} = %s AND {s('status')} = %s "
+        f"WHERE {CLAIM_FENCE} "
         f"RETURNING {s('run_id')} AS run_id, {s('result')}::text AS result, "
         f"{s('result')} AS stored), "
         f"a AS (UPDATE {ATTEMPTS} SET {a('status')} = %s, {a('finished_at')} = %s, "

@@ -1,7 +1,7 @@
 """The step-level writes a pass makes besides claiming and settling attempts: steps
 it records itself (markers, groups, waits), a withdrawn attempt, a parallel group's
 count of open branches, the events sent to runs, and the run locks and owed passes
-these take; with the fence of every attempt's write."""
+these take; with the fence of every claimed attempt's write."""
 
 from __future__ import annotations
 
@@ -26,10 +26,13 @@ from pikku_django.models import (
 )
 
 
-def running_attempt(step_id: int, attempt: int) -> Q:
-    """The fence of every write of an attempt's outcome: the step still running under
-    ``attempt`` (a replaced attempt's writes match nothing)."""
-    return Q(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
+def running_attempt(step_id: int, attempt: int, token: int | None) -> Q:
+    """The fence of every write and refresh of a claimed attempt: the step still
+    running under ``attempt`` and the claim ``token`` (None: the attempt alone), so
+    that the writes of a replaced attempt, or of a claim lost with a failed-over
+    database, match nothing."""
+    fence = Q(id=step_id, attempt=attempt, status=StepStatus.RUNNING)
+    return fence if token is None else fence & Q(claim_token=token)
 
 
 @dataclass(frozen=True)
@@ -103,15 +106,17 @@ class StepWrites:
         except IntegrityError:
             return Recorded(steps.get(run_id=row.run_id, name=row.name), new=False)
 
-    def withdraw_attempt(self, step_id: int, attempt: int, *, error: Any) -> bool:
+    def withdraw_attempt(
+        self, step_id: int, attempt: int, *, error: Any, token: int | None = None
+    ) -> bool:
         """Suspend a step whose ``attempt`` cannot run (its function is missing here),
         as if that attempt never started: the step back at the attempt before it, the
-        attempt's history row deleted, ``error`` recorded. Fenced: False (nothing
-        written) if the attempt was replaced."""
+        attempt's history row deleted, ``error`` recorded. Fenced by the attempt and
+        its claim ``token``: False (nothing written) if the attempt was replaced."""
         with transaction.atomic(using=self.using):
             won = (
                 WorkflowStep.objects.using(self.using)
-                .filter(running_attempt(step_id, attempt))
+                .filter(running_attempt(step_id, attempt, token))
                 .update(
                     status=StepStatus.SUSPENDED,
                     error=error,

@@ -69,7 +69,9 @@ class AsyncStepEngine(Protocol):
     @property
     def execution(self) -> StepSettler: ...
 
-    def refresh_step_lease(self, step_id: int, lease_ms: int | None, attempt: int) -> bool: ...
+    def refresh_step_lease(
+        self, step_id: int, lease_ms: int | None, attempt: int, token: int | None = None
+    ) -> bool: ...
 
 
 def is_async_step(claimed: ClaimedStep) -> bool:
@@ -256,6 +258,7 @@ class AsyncSteps:
                     claimed.step_id,
                     lease_ms,
                     claimed.attempt,
+                    claimed.claim_token,
                 )
             except Exception:
                 logger.warning(

@@ -213,11 +213,13 @@ class Worker:
         return len(self.tally.in_flight())
 
     def hand_back(self) -> int:
-        """Give up the steps in flight (their leases lapse now, fenced by attempt)."""
+        """Give up the steps in flight (their leases lapse now, fenced by their claim)."""
         handed = 0
         for claimed in self.tally.in_flight():
             try:
-                if self.engine.refresh_step_lease(claimed.step_id, -1, claimed.attempt):
+                if self.engine.refresh_step_lease(
+                    claimed.step_id, -1, claimed.attempt, claimed.claim_token
+                ):
                     handed += 1
                     logger.warning(
                         "Handed back step %s attempt %d: another worker will retry it",
