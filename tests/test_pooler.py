@@ -28,7 +28,7 @@ from tests.conftest import fresh_database_lease_service
 from tests.pgbouncer import Pooler, open_server_sessions, pooled_mark
 from tests.test_workflow_store import (  # the scenario table, on the `store` fixture below
     test_a_claim_is_one_guarded_update_of_a_running_runs_step,  # noqa: F401
-    test_a_settle_is_fenced_by_its_attempt,  # noqa: F401
+    test_a_settle_is_fenced_by_its_attempt_and_claim,  # noqa: F401
     test_claiming_due_runs,  # noqa: F401
     test_creating_runs_links_a_taken_key_to_its_run,  # noqa: F401
     test_finishing_a_run_in_one_statement_leaves_a_waiting_parent_to_the_caller,  # noqa: F401
