@@ -76,7 +76,7 @@ class RunFilters:
                 f"unknown status {self.status!r}; use one of {', '.join(RunStatus.values)}"
             )
 
-    def apply(self, runs: WorkflowRunQuerySet) -> WorkflowRunQuerySet:
+    def apply(self, runs: WorkflowRunQuerySet[WorkflowRun]) -> WorkflowRunQuerySet[WorkflowRun]:
         using = runs.db
         if self.workflow:
             runs = runs.filter(workflow=self.workflow)

@@ -99,7 +99,7 @@ class QueueFilter(admin.SimpleListFilter):
         queue = self.value()
         if not queue:
             return queryset
-        return cast(WorkflowRunQuerySet, queryset).with_step_on(queue)
+        return cast("WorkflowRunQuerySet[WorkflowRun]", queryset).with_step_on(queue)
 
 
 # -- runs -----------------------------------------------------------------------------
@@ -319,7 +319,7 @@ class WorkflowRunAdmin(
         description=gettext_lazy("Delete selected finished workflow runs"),
     )
     def delete_selected(
-        self, request: HttpRequest, queryset: WorkflowRunQuerySet
+        self, request: HttpRequest, queryset: WorkflowRunQuerySet[WorkflowRun]
     ) -> HttpResponseBase | None:
         """Django's delete, refused while a selected run is still running or suspended."""
         live = queryset.active().count()

@@ -3,144 +3,43 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
-from typing import Any
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from pikku_django.models._workflow_queries import (
+    StepAttemptQuerySet,
+    WorkflowRunQuerySet,
+    WorkflowStepQuerySet,
+)
+from pikku_django.models._workflow_states import (
+    CLAIMABLE_STATUSES,
+    TERMINAL_RUN_STATUSES,
+    WAITING_STEP_STATUSES,
+    AttemptStatus,
+    Backoff,
+    RunStatus,
+    StepKind,
+    StepStatus,
+)
 from pikku_django.models.fields import ReadableJSONField
 
-
-class RunStatus(models.TextChoices):
-    RUNNING = "running", _("running")
-    SUSPENDED = "suspended", _("suspended")
-    COMPLETED = "completed", _("completed")
-    FAILED = "failed", _("failed")
-    CANCELLED = "cancelled", _("cancelled")
-
-
-TERMINAL_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
-
-
-class StepStatus(models.TextChoices):
-    PENDING = "pending", _("pending")
-    SCHEDULED = "scheduled", _("scheduled")
-    RUNNING = "running", _("running")
-    SUCCEEDED = "succeeded", _("succeeded")
-    FAILED = "failed", _("failed")
-    SUSPENDED = "suspended", _("suspended")
-
-
-#: The statuses of a step waiting for a worker to claim it (once it is due).
-WAITING_STEP_STATUSES = (StepStatus.SCHEDULED, StepStatus.PENDING)
-
-#: The statuses a queued step may be claimed in (the pikku_step_claim_order index's
-#: condition, which the claim repeats so that its plan can read that index).
-CLAIMABLE_STATUSES = ("scheduled", "pending", "failed", "running")
-
-
-class AttemptStatus(models.TextChoices):
-    """An attempt's status: its step's, or ``superseded`` once a later claim replaced it."""
-
-    PENDING = "pending", _("pending")
-    SCHEDULED = "scheduled", _("scheduled")
-    RUNNING = "running", _("running")
-    SUCCEEDED = "succeeded", _("succeeded")
-    FAILED = "failed", _("failed")
-    SUSPENDED = "suspended", _("suspended")
-    SUPERSEDED = "superseded", _("superseded")
-
-
-class StepKind(models.TextChoices):
-    QUEUED = "queued", _("queued function")
-    INLINE = "inline", _("inline function")
-    SLEEP = "sleep", _("sleep")
-    SUSPEND = "suspend", _("suspend")
-    CHILD = "child", _("child workflow")
-    EVENT = "event", _("wait for an event")
-    PUBLISH = "publish", _("published value")
-    PATCH = "patch", _("patch marker")
-    PARALLEL = "parallel", _("parallel group")
-
-
-class Backoff(models.TextChoices):
-    FIXED = "fixed", _("fixed")
-    EXPONENTIAL = "exponential", _("exponential")
-
-
-# -- the questions asked of runs, steps and attempts: read-only, each chains with the
-# -- others and with using(); writes are the workflow store's.
-
-
-class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
-    """Runs by where they are in their life."""
-
-    def active(self) -> WorkflowRunQuerySet:
-        """Runs started and not ended: running or suspended."""
-        return self.filter(status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED))
-
-    def settled(self) -> WorkflowRunQuerySet:
-        """Runs that ended: completed, failed or cancelled."""
-        return self.filter(status__in=TERMINAL_RUN_STATUSES)
-
-    def failed(self) -> WorkflowRunQuerySet:
-        return self.filter(status=RunStatus.FAILED)
-
-    def stuck(self) -> WorkflowRunQuerySet:
-        """Runs waiting for a person: failed (to retry) or suspended (to resume)."""
-        return self.filter(status__in=(RunStatus.FAILED, RunStatus.SUSPENDED))
-
-    def due(self, now: datetime) -> WorkflowRunQuerySet:
-        """Worker runs (not inline) whose next orchestration pass is due at ``now``."""
-        return self.filter(status=RunStatus.RUNNING, inline=False, wake_at__lte=now)
-
-    def with_step_on(self, queue: str) -> WorkflowRunQuerySet:
-        """Runs with a step on ``queue``."""
-        on_queue = WorkflowStep.objects.using(self.db).filter(queue=queue)
-        return self.filter(pk__in=on_queue.values("run_id"))
-
-
-class WorkflowStepQuerySet(models.QuerySet["WorkflowStep"]):
-    """Steps by what a worker or a person waits for."""
-
-    def of_run(self, run_id: Any) -> WorkflowStepQuerySet:
-        return self.filter(run_id=run_id)
-
-    def running(self) -> WorkflowStepQuerySet:
-        """Steps claimed by a worker (whether its lease is live or lapsed)."""
-        return self.filter(status=StepStatus.RUNNING)
-
-    def ready(self, now: datetime) -> WorkflowStepQuerySet:
-        """Queued steps that are due at ``now`` and wait for a worker to claim them."""
-        return self.filter(
-            kind=StepKind.QUEUED, status__in=WAITING_STEP_STATUSES, available_at__lte=now
-        )
-
-    def open_queued(self) -> WorkflowStepQuerySet:
-        """Queued steps waiting (due or not) or claimed: a queue's work not done yet."""
-        return self.filter(
-            kind=StepKind.QUEUED, status__in=(*WAITING_STEP_STATUSES, StepStatus.RUNNING)
-        )
-
-
-class StepAttemptQuerySet(models.QuerySet["StepAttempt"]):
-    """Attempts by the step they are of."""
-
-    def of_attempt(self, step_id: Any, attempt: int) -> StepAttemptQuerySet:
-        """Attempt number ``attempt`` of step ``step_id`` (one row at most)."""
-        return self.filter(step_id=step_id, attempt=attempt)
-
-    def of_run(self, run_id: Any) -> StepAttemptQuerySet:
-        """Every attempt of every step of run ``run_id``."""
-        return self.filter(step__run_id=run_id)
-
-    def of_step_named(self, run_id: Any, name: str) -> StepAttemptQuerySet:
-        """The attempts of run ``run_id``'s step ``name``."""
-        return self.filter(step__run_id=run_id, step__name=name)
-
-    def failed(self) -> StepAttemptQuerySet:
-        return self.filter(status=AttemptStatus.FAILED)
+__all__ = [
+    "CLAIMABLE_STATUSES",
+    "TERMINAL_RUN_STATUSES",
+    "WAITING_STEP_STATUSES",
+    "AttemptStatus",
+    "Backoff",
+    "RunStatus",
+    "StepAttempt",
+    "StepAttemptQuerySet",
+    "StepKind",
+    "StepStatus",
+    "WorkflowRun",
+    "WorkflowRunQuerySet",
+    "WorkflowStep",
+    "WorkflowStepQuerySet",
+]
 
 
 class WorkflowRun(models.Model):
