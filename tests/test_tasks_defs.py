@@ -13,6 +13,7 @@ from typing import Any
 
 from pikku_django.tasks import compat
 from pikku_django.tasks.compat import task
+from tests.testapp.markers import mark_started
 
 
 @task()
@@ -100,7 +101,7 @@ def block_until_killed(started: str, alias: str, tag: str) -> int:
     path = Path(started)
     Effect.objects.using(alias).create(run_id=tag, step="attempt", attempt_pid=os.getpid())
     if not path.exists():
-        path.write_text(str(os.getpid()))
+        mark_started(path)
         time.sleep(300)
     return os.getpid()
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from pikku_django.workflows import WorkflowContext, step, workflow
 from tests.testapp import async_workflows  # noqa: F401 (registers the async steps)
+from tests.testapp.markers import mark_started
 
 
 @step(name="testapp.record")
@@ -24,7 +25,7 @@ def record(data: dict[str, Any]) -> dict[str, Any]:
 @step(name="testapp.slow")
 def slow(data: dict[str, Any]) -> dict[str, Any]:
     """Signals that it started (a file), then works for ``seconds``."""
-    Path(data["started"]).write_text(str(os.getpid()))
+    mark_started(Path(data["started"]))
     time.sleep(data["seconds"])
     return {"pid": os.getpid()}
 
@@ -49,7 +50,7 @@ def block_first(data: dict[str, Any]) -> dict[str, Any]:
     """The first attempt marks that it started and blocks; later ones return at once."""
     marker = Path(data["started"])
     if not marker.exists():
-        marker.write_text(str(os.getpid()))
+        mark_started(marker)
         time.sleep(data.get("block", 120))
     return {"pid": os.getpid()}
 
@@ -62,7 +63,7 @@ def tx_block_first(data: dict[str, Any]) -> dict[str, Any]:
     Effect.objects.using(data["db"]).create(run_id=data["run"], step="tx", attempt_pid=os.getpid())
     marker = Path(data["started"])
     if not marker.exists():
-        marker.write_text(str(os.getpid()))
+        mark_started(marker)
         time.sleep(120)
     return {"pid": os.getpid()}
 
@@ -84,7 +85,7 @@ def blocked_pass(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
     step; later passes run one step that answers with its worker's pid."""
     marker = Path(input["started"])
     if not marker.exists():
-        marker.write_text(str(os.getpid()))
+        mark_started(marker)
         time.sleep(300)
     return ctx.do("work", "testapp.slow", {"started": input["started"] + ".step", "seconds": 0})
 
