@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core import checks
 from django.db import connections
 
 from pikku_django.leases.database import (
@@ -75,18 +77,28 @@ def _close_lease_connections(django_db_setup: None) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _sqlite_replicas_begin_deferred(django_db_setup: None) -> None:
-    """A SQLite replica alias (tests/settings.py's ``READ_REPLICAS``) is a test mirror, the
-    same file under another connection, and takes its primary's settings: with their
+def _aliases_ready(django_db_setup: None, django_db_blocker: Any) -> None:
+    """Ready the aliases that the test setup may leave unconnected.
+
+    A SQLite replica (tests/settings.py's ``READ_REPLICAS``, Django test mirrors) is the
+    same file under another connection, with its primary's settings: with their
     ``IMMEDIATE`` transactions, a test case's atomic block on the replica would wait for
-    the write lock that the same test's block on the primary holds. A replica only reads:
-    its transactions begin deferred."""
+    the write lock the same test's block on the primary holds. A replica only reads: its
+    transactions begin deferred.
+
+    Every alias then answers the model checks once, here: Django 6.1's model checks ask
+    every database's features (JSON support, the server's version), and an alias that no
+    test has connected yet (a replica; every MariaDB one when PIKKU_TEST_BACKENDS leaves
+    it out) would connect from a test that may not.
+    """
     for alias in settings.READ_REPLICAS.values():
         if alias in connections and connections[alias].vendor == "sqlite":
             replica = connections[alias]
             replica.close()
             options = {**replica.settings_dict["OPTIONS"], "transaction_mode": "DEFERRED"}
             replica.settings_dict = {**replica.settings_dict, "OPTIONS": options}
+    with django_db_blocker.unblock():
+        checks.run_checks(tags=[checks.Tags.models], databases=list(connections))
 
 
 def fresh_database_lease_service(alias: str, **options: object) -> DatabaseLeaseService:
