@@ -65,13 +65,13 @@ typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
 # The suites run in PYTEST_WORKERS pytest-xdist processes: the tests mostly wait on the
-# databases and on worker processes, so even two cores keep four busy. Each process has
+# databases and on worker processes, so even two cores keep six busy. Each process has
 # its own test databases, and runs whole test files (--dist loadfile), so a module's
 # fixtures are built once. Files marked `long` go first, then the rest by their number
 # of tests (tests/conftest.py orders them; --no-loadscope-reorder keeps that order), so
 # that no file of a few minute-long tests starts last and ends the run alone.
 # PYTEST_WORKERS=0 runs a suite in one process.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 6
 PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-main: $(VENV)/.installed
