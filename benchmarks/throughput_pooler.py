@@ -40,6 +40,8 @@ log = logging.getLogger("pikku.bench.throughput")
 POOLED = "pikku_pooled_cma60"
 POOLED_LISTEN = "pikku_pooled_listen_cma60"
 PROCRASTINATE_POOLED = "procrastinate_pooled"
+#: pikku direct with its statements not prepared, as behind a transaction pooler.
+UNPREPARED = "pikku_unprepared_cma60"
 POOLER_TARGET = 0.8
 POOL_SIZE = 20
 
@@ -107,6 +109,25 @@ def pooled_systems(pooler: Any) -> Any:
     class PooledListenPikku(PooledPikku):
         listen = True
 
+    class UnpreparedPikku(Pikku):
+        """Direct, with the hot-path and lease statements not prepared: what pikku does
+        behind a transaction pooler, without the pooler."""
+
+        def settings(self) -> dict[str, Any]:
+            return {
+                **super().settings(),
+                "PIKKU['PREPARED_STATEMENTS']": False,
+                "PIKKU['LEASE_PREPARED_STATEMENTS']": False,
+            }
+
+        def start(self, concurrency: int, processes: int) -> None:
+            direct = dict(self.procs.env)
+            self.procs.env["PIKKU_BENCH_PREPARED"] = "0"
+            try:
+                super().start(concurrency, processes)
+            finally:
+                self.procs.env = direct
+
     class PooledProcrastinate(Procrastinate):
         reason: str | None = None
 
@@ -165,6 +186,14 @@ def pooled_systems(pooler: Any) -> Any:
                 poll=1.0,
                 **common,
             ),
+            UnpreparedPikku(
+                UNPREPARED,
+                "pikku, carried, CONN_MAX_AGE=60, statements not prepared",
+                procs,
+                args.timeout,
+                poll=1.0,
+                **common,
+            ),
         ]
         pooled = PooledProcrastinate(
             PROCRASTINATE_POOLED,
@@ -197,6 +226,16 @@ PAIRS = (
     ("pikku through PgBouncer (transaction), polling, vs direct", POOLED, None),
     ("pikku through PgBouncer (transaction), LISTEN direct, vs direct", POOLED_LISTEN, None),
     (
+        "pikku direct, statements not prepared (as behind the pooler), vs direct",
+        UNPREPARED,
+        None,
+    ),
+    (
+        "pikku through PgBouncer (transaction), polling, vs direct with statements not prepared",
+        POOLED,
+        UNPREPARED,
+    ),
+    (
         "Procrastinate through PgBouncer (transaction), polling, vs direct",
         PROCRASTINATE_POOLED,
         "procrastinate",
@@ -226,7 +265,7 @@ def pooler_pairings(results: dict[str, Any]) -> list[dict[str, Any]]:
                 )
                 continue
             direct = direct or RECOMMENDED
-            target = POOLER_TARGET if direct == RECOMMENDED else None
+            target = POOLER_TARGET if direct == RECOMMENDED and pooled != UNPREPARED else None
             for kind, name in (("chain", "10 queued steps"), ("single", "1 queued step")):
                 ours, theirs = best(db, pooled, kind), best(db, direct, kind)
                 if ours is None or theirs is None or not theirs["median"]:
