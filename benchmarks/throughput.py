@@ -39,12 +39,14 @@ With ``--integrations``, pikku also runs 10-step and 1-step runs with
 set, ``sentry_sdk.init()`` with a transport that drops events), next to the same
 configuration with them off.
 
-With ``--pooler`` (PostgreSQL), pikku also runs 10-step and 1-step runs with its workers
-behind a PgBouncer in transaction mode (Debian's ``pgbouncer``, started by the
-benchmark on a free port of 127.0.0.1 with ``default_pool_size`` 20, and stopped after),
-stated in ``PIKKU["DATABASE_POOLING"]`` with ``WORKER_NOTIFY`` off and a 0.1 s poll (no
-``LISTEN`` through a transaction pooler), next to the same workers on the direct
-connection (CONN_MAX_AGE 60). The runs are stored on the direct connection either way.
+With ``--pooler`` (PostgreSQL), 10-step and 1-step runs also go through a PgBouncer in
+transaction mode (Debian's ``pgbouncer``, started by the benchmark on a free port of
+127.0.0.1 with ``default_pool_size`` 20, and stopped after): pikku polling (0.1 s,
+``WORKER_NOTIFY`` off), pikku with a direct ``LISTEN`` alias (``LISTEN_DATABASES``),
+and Procrastinate as its documentation advises there (no LISTEN/NOTIFY, 0.1 s polling,
+nothing prepared), each next to the same system on the direct connection; and pikku
+direct with its statements not prepared, as behind the pooler
+(``throughput_pooler.py``). The runs are stored on the direct connection either way.
 
 Targets (medians, each system at its best concurrency, pikku with CONN_MAX_AGE 60):
 10-step runs >= 3x Procrastinate chains, >= 2x django-absurd 10-step tasks and >= 1.5x
@@ -52,7 +54,8 @@ DBOS queued workflows; 1-step runs >= 1.0x PgQueuer jobs and >= 2.0x Procrastina
 jobs; bulk start >= 1.0x PgQueuer's batch enqueue; one ``start_workflow`` call no slower
 than one PgQueuer enqueue; inline >= 2x DBOS direct; memory slope < 50 bytes a step;
 with ``--integrations``, on >= 0.95x off for 10-step and 1-step runs; with
-``--pooler``, through the pooler >= 0.8x direct for 10-step and 1-step runs.
+``--pooler``, pikku through the pooler (polling, and with a direct LISTEN) >= 0.8x
+direct for 10-step and 1-step runs.
 
 Run it from the repository root on a quiet machine:
 
@@ -147,8 +150,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add(
         "--pooler",
         action="store_true",
-        help="also pikku (carried, CONN_MAX_AGE 60) with its workers behind a PgBouncer in "
-        "transaction mode, 10-step and 1-step runs, as a ratio to the direct connection",
+        help="also pikku (carried, CONN_MAX_AGE 60; polling, and with a direct LISTEN alias) "
+        "and Procrastinate with their workers behind a PgBouncer in transaction mode, and "
+        "pikku direct with its statements not prepared, 10-step and 1-step runs, as ratios "
+        "to the direct connection",
     )
     add("--bulk", type=int, default=10_000, help="units of the bulk pairing, 0 for none (10000)")
     add("--child", choices=DATABASES, help=argparse.SUPPRESS)

@@ -16,6 +16,11 @@ on a free port of 127.0.0.1) and stops it after. Through it run:
   A short trial run first: if Procrastinate cannot run through the pooler, the table
   says so with the error it met, instead of its figures.
 
+Next to them, on the direct connection, pikku with ``PREPARED_STATEMENTS`` and
+``LEASE_PREPARED_STATEMENTS`` off, which is what it does behind a transaction pooler
+without the pooler: paired with the direct line (what planning every statement costs)
+and with the polling line (what the pooler itself costs).
+
 Each is paired with the same system on the direct connection (pikku carried,
 ``CONN_MAX_AGE`` 60; Procrastinate as in the peers' pairings, measured here even with
 ``--no-peers``), 10-step and 1-step runs (chains of 10 jobs and single jobs), as the

@@ -26,6 +26,11 @@ from django.db import connections
 from pikku_django.conf import pikku_settings
 from pikku_django.pooling import keeps_sessions
 
+#: Set by the workflow store (:mod:`pikku_django.workflows.store.routines`): the call of
+#: a statement's server-side function on a connection behind a transaction pooler, or
+#: None where the statement runs as it is.
+routine_call: Callable[[Any, str], str | None] | None = None
+
 
 def fetch(using: str, sql: str, params: list[Any]) -> list[Any]:
     """Run ``sql`` on Django's connection ``using`` (in its transaction, if any): its rows."""
@@ -90,6 +95,9 @@ def fetch_on(connection: Any, sql: str, params: list[Any]) -> list[Any]:
     vendor = connection.vendor
     if vendor == "sqlite":
         return list(_run_on_sqlite(connection, sql, params, _ROWS))
+    if vendor == "postgresql" and routine_call is not None and not keeps_sessions(connection.alias):
+        # Behind a transaction pooler: its function plans it once per server session.
+        sql = routine_call(connection, sql) or sql
     if (
         vendor != "postgresql"
         or not pikku_settings.PREPARED_STATEMENTS
