@@ -5,7 +5,9 @@ statements pikku_django runs on every step or webhook go through :func:`fetch`
 instead: on PostgreSQL bound server-side and prepared, so it plans each once per
 connection (``PIKKU["PREPARED_STATEMENTS"]`` turns this off, and so does a pooler in
 transaction mode named in ``PIKKU["DATABASE_POOLING"]``: the next transaction may run
-on a server session that never prepared them); on SQLite straight on the driver's
+on a server session that never prepared them, and the store's hot statements are
+called as their PL/pgSQL functions instead, :mod:`pikku_django.workflows.store.routines`);
+on SQLite straight on the driver's
 cursor. MariaDB and MySQL run them through Django's cursor. Either way Django's execute
 wrappers and query log see every statement, and driver errors become Django's.
 """

@@ -24,7 +24,7 @@ import re
 import threading
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections, router, transaction
 
 from pikku_django.pooling import keeps_sessions
 
@@ -87,7 +87,7 @@ def _described(raw: Any, sql: str) -> tuple[list[str], list[str]] | None:
 
     result = pgconn.prepare(name, numbered(sql).encode())
     if result.status != pq.ExecStatus.COMMAND_OK:
-        raise RuntimeError((result.error_message or b"").decode(errors="replace"))
+        raise DatabaseError((result.error_message or b"").decode(errors="replace"))
     try:
         described = pgconn.describe_prepared(name)
         params = [described.param_type(i) for i in range(described.nparams)]
@@ -126,14 +126,15 @@ def install(using: str) -> int:
     wanted = set()
     for name, sql in _hot_statements().items():
         try:
-            described = _described(raw, sql)
-        except Exception:
-            logger.warning("Statement %s could not be described; it runs as it is", name)
+            with transaction.atomic(using=using):  # a failure leaves the caller's transaction be
+                described = _described(raw, sql)
+                if described is None:
+                    continue
+                with connection.cursor() as cursor:
+                    cursor.execute(_ddl(sql, *described))
+        except DatabaseError as exc:
+            logger.warning("No function for statement %s (it runs as it is): %s", name, exc)
             continue
-        if described is None:
-            continue
-        with connection.cursor() as cursor:
-            cursor.execute(_ddl(sql, *described))
         wanted.add(function_name(sql))
     with connection.cursor() as cursor:
         cursor.execute(
@@ -150,9 +151,19 @@ def install(using: str) -> int:
 
 
 def install_after_migrate(using: str = "default", **kwargs: Any) -> None:
-    """``post_migrate``: the functions, on a PostgreSQL database the app migrated."""
-    if connections[using].vendor == "postgresql":
+    """``post_migrate``: the functions, on a PostgreSQL database that has the workflow
+    tables. One that cannot be created (no CREATE on the schema, say) is left out with
+    a warning: its statement runs as it is."""
+    from pikku_django.models import WorkflowRun
+
+    if connections[using].vendor != "postgresql" or not router.allow_migrate_model(
+        using, WorkflowRun
+    ):
+        return
+    try:
         install(using)
+    except DatabaseError as exc:
+        logger.warning("The store's functions were not created on %r: %s", using, exc)
 
 
 #: Per alias: statement text to the call of its function, for those the database has.
