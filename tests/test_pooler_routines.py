@@ -96,14 +96,20 @@ def test_a_statement_without_its_function_runs_as_it_is(pooled: Pooler) -> None:
 
 
 @pytest.mark.usefixtures("reinstalled")
-def test_install_replaces_the_functions_and_drops_those_of_old_statements(
+def test_install_replaces_the_functions_and_leaves_those_of_old_statements(
     pooled: Pooler,
 ) -> None:
-    stale = f"{routines.PREFIX}0000000000"
+    """An older version's workers, still running during a deploy, call its functions
+    until they stop: a migrate by the new version leaves them in place."""
+    old = f"{routines.PREFIX}0000000000"
     with connections["postgres"].cursor() as cursor:
-        cursor.execute(f"CREATE FUNCTION {stale}() RETURNS int LANGUAGE sql AS 'SELECT 1'")
-    assert routines.install("postgres") == len(routines.HOT)
-    assert routines.install("postgres") == len(routines.HOT)
-    names = installed("postgres")
-    assert stale not in names
-    assert len(names) == len(routines.HOT)
+        cursor.execute(f"CREATE OR REPLACE FUNCTION {old}() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+    try:
+        assert routines.install("postgres") == len(routines.HOT)
+        assert routines.install("postgres") == len(routines.HOT)
+        names = installed("postgres")
+        assert old in names
+        assert len(names - {old}) == len(routines.HOT)
+    finally:
+        with connections["postgres"].cursor() as cursor:
+            cursor.execute(f"DROP FUNCTION {old}()")

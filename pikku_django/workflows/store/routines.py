@@ -116,8 +116,9 @@ def _ddl(sql: str, params: list[str], columns: list[str]) -> str:
 
 
 def install(using: str) -> int:
-    """Create the functions of :data:`HOT` on ``using`` (PostgreSQL), dropping those
-    of statements that are no more: how many there are."""
+    """Create (or replace) the functions of :data:`HOT` on ``using`` (PostgreSQL): how
+    many there are. Those of statements an older version ran are left in place: its
+    workers, still running during a deploy, call them until they stop."""
     connection = connections[using]
     if connection.vendor != "postgresql":
         return 0
@@ -136,16 +137,6 @@ def install(using: str) -> int:
             logger.warning("No function for statement %s (it runs as it is): %s", name, exc)
             continue
         wanted.add(function_name(sql))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT p.oid::regprocedure::text, p.proname FROM pg_proc p "
-            "JOIN pg_namespace n ON n.oid = p.pronamespace "
-            "WHERE p.proname LIKE %s AND n.nspname = current_schema()",
-            [PREFIX.replace("_", r"\_") + "%"],
-        )
-        stale = [signature for signature, proname in cursor.fetchall() if proname not in wanted]
-        for signature in stale:
-            cursor.execute(f"DROP FUNCTION IF EXISTS {signature}")
     _calls.pop(using, None)
     return len(wanted)
 
