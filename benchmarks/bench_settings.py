@@ -19,6 +19,12 @@ documented default:
     PIKKU_BENCH_LOG_LEVEL         default WARNING (the pikku_django logger)
     PIKKU_BENCH_POOLING           default unset  (PIKKU["DATABASE_POOLING"] of "default",
                                   with WORKER_NOTIFY off: throughput.py --pooler)
+    PIKKU_BENCH_LISTEN_URL        default unset  (with PIKKU_BENCH_POOLING: an alias
+                                  "listen" on this URL, the database reached directly, in
+                                  PIKKU["LISTEN_DATABASES"], and WORKER_NOTIFY left on)
+    PIKKU_BENCH_PREPARED          default 1      (0: PIKKU["PREPARED_STATEMENTS"] and
+                                  LEASE_PREPARED_STATEMENTS off, as behind a transaction
+                                  pooler: throughput.py --pooler)
     PIKKU_BENCH_INTEGRATIONS      default 0      (1: PIKKU["PROMETHEUS_METRICS"] and
                                   PIKKU["SENTRY"] on, with sentry_sdk.init() as below;
                                   the worker sets PROMETHEUS_MULTIPROC_DIR)
@@ -82,7 +88,16 @@ if os.environ.get("PIKKU_BENCH_POOLING"):
     # mode, stated as the settings reference says (no LISTEN there: workers poll).
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     PIKKU["DATABASE_POOLING"] = {"default": os.environ["PIKKU_BENCH_POOLING"]}
-    PIKKU["WORKER_NOTIFY"] = False
+    if os.environ.get("PIKKU_BENCH_LISTEN_URL"):
+        # The operations guide's best: workers LISTEN over a direct alias of the same
+        # database, everything else goes through the pooler.
+        DATABASES["listen"] = dj_database_url.parse(os.environ["PIKKU_BENCH_LISTEN_URL"])
+        DATABASES["listen"]["OPTIONS"] = {"connect_timeout": 5}
+        PIKKU["LISTEN_DATABASES"] = {"default": "listen"}
+    else:
+        PIKKU["WORKER_NOTIFY"] = False
+if os.environ.get("PIKKU_BENCH_PREPARED", "1") == "0":
+    PIKKU["PREPARED_STATEMENTS"] = PIKKU["LEASE_PREPARED_STATEMENTS"] = False
 if CARRY_SETTING is not None and os.environ.get("PIKKU_BENCH_CARRY", "1") == "0":
     PIKKU[CARRY_SETTING] = False
 if os.environ.get("PIKKU_BENCH_INTEGRATIONS") == "1":

@@ -39,12 +39,14 @@ With ``--integrations``, pikku also runs 10-step and 1-step runs with
 set, ``sentry_sdk.init()`` with a transport that drops events), next to the same
 configuration with them off.
 
-With ``--pooler`` (PostgreSQL), pikku also runs 10-step and 1-step runs with its workers
-behind a PgBouncer in transaction mode (Debian's ``pgbouncer``, started by the
-benchmark on a free port of 127.0.0.1 with ``default_pool_size`` 20, and stopped after),
-stated in ``PIKKU["DATABASE_POOLING"]`` with ``WORKER_NOTIFY`` off and a 0.1 s poll (no
-``LISTEN`` through a transaction pooler), next to the same workers on the direct
-connection (CONN_MAX_AGE 60). The runs are stored on the direct connection either way.
+With ``--pooler`` (PostgreSQL), 10-step and 1-step runs also go through a PgBouncer in
+transaction mode (Debian's ``pgbouncer``, started by the benchmark on a free port of
+127.0.0.1 with ``default_pool_size`` 20, and stopped after): pikku polling (0.1 s,
+``WORKER_NOTIFY`` off), pikku with a direct ``LISTEN`` alias (``LISTEN_DATABASES``),
+and Procrastinate as its documentation advises there (no LISTEN/NOTIFY, 0.1 s polling,
+nothing prepared), each next to the same system on the direct connection; and pikku
+direct with its statements not prepared, as behind the pooler
+(``throughput_pooler.py``). The runs are stored on the direct connection either way.
 
 Targets (medians, each system at its best concurrency, pikku with CONN_MAX_AGE 60):
 10-step runs >= 3x Procrastinate chains, >= 2x django-absurd 10-step tasks and >= 1.5x
@@ -52,7 +54,8 @@ DBOS queued workflows; 1-step runs >= 1.0x PgQueuer jobs and >= 2.0x Procrastina
 jobs; bulk start >= 1.0x PgQueuer's batch enqueue; one ``start_workflow`` call no slower
 than one PgQueuer enqueue; inline >= 2x DBOS direct; memory slope < 50 bytes a step;
 with ``--integrations``, on >= 0.95x off for 10-step and 1-step runs; with
-``--pooler``, through the pooler >= 0.8x direct for 10-step and 1-step runs.
+``--pooler``, pikku through the pooler (polling, and with a direct LISTEN) >= 0.8x
+direct for 10-step and 1-step runs.
 
 Run it from the repository root on a quiet machine:
 
@@ -93,6 +96,7 @@ from types import FrameType
 from typing import Any
 
 from benchlib import BENCH_DIR, Processes, django_env, machine
+from throughput_pooler import pooled_systems, pooler_pairings, pooler_version, start_pooler
 from throughput_report import judge, render
 from throughput_run import DATABASES, run_database
 
@@ -146,8 +150,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add(
         "--pooler",
         action="store_true",
-        help="also pikku (carried, CONN_MAX_AGE 60) with its workers behind a PgBouncer in "
-        "transaction mode, 10-step and 1-step runs, as a ratio to the direct connection",
+        help="also pikku (carried, CONN_MAX_AGE 60; polling, and with a direct LISTEN alias) "
+        "and Procrastinate with their workers behind a PgBouncer in transaction mode, and "
+        "pikku direct with its statements not prepared, 10-step and 1-step runs, as ratios "
+        "to the direct connection",
     )
     add("--bulk", type=int, default=10_000, help="units of the bulk pairing, 0 for none (10000)")
     add("--child", choices=DATABASES, help=argparse.SUPPRESS)
@@ -228,111 +234,6 @@ def child_main(args: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(result), flush=True)
     return 0
-
-
-#: The pikku system whose workers go through the pooler, and the pairings it is judged by.
-POOLED = "pikku_pooled_cma60"
-POOLER_TARGET = 0.8
-
-
-def start_pooler() -> Any:
-    """A PgBouncer in transaction mode in front of the benchmark's PostgreSQL."""
-    import dj_database_url
-    from throughput_run import WORKFLOWS_URL
-
-    from tests.pgbouncer import start
-
-    server = dj_database_url.parse(WORKFLOWS_URL)
-    return start("transaction", server, pool_size=20, round_robin=False)
-
-
-def pooler_version() -> str:
-    from tests.pgbouncer import executable
-
-    done = subprocess.run(
-        [executable() or "pgbouncer", "--version"], capture_output=True, text=True, check=False
-    )
-    return (done.stdout or done.stderr).splitlines()[0] if done.stdout or done.stderr else "-"
-
-
-def pooled_systems(pooler: Any) -> Any:
-    """The pikku system behind ``pooler``, for ``throughput_run.build_systems``."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    from throughput_run import POLL_WITHOUT_NOTIFY, WORKFLOWS_URL
-    from throughput_systems import Kind, Pikku
-
-    parts = urlsplit(WORKFLOWS_URL)
-    auth = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
-    url = urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{pooler.port}"))
-
-    class PooledPikku(Pikku):
-        def settings(self) -> dict[str, Any]:
-            return {
-                **super().settings(),
-                "via": f"PgBouncer, pool_mode = {pooler.mode}, default_pool_size = 20",
-                "PIKKU['DATABASE_POOLING']": {"default": pooler.mode},
-                "PIKKU['WORKER_NOTIFY']": False,
-            }
-
-        def start(self, concurrency: int, processes: int) -> None:
-            direct = dict(self.procs.env)
-            self.procs.env |= {"PIKKU_BENCH_WORKFLOWS_URL": url, "PIKKU_BENCH_POOLING": pooler.mode}
-            try:
-                super().start(concurrency, processes)
-            finally:
-                self.procs.env = direct
-
-    def systems(database: str, procs: Processes, args: argparse.Namespace) -> list[Any]:
-        if database != "postgres":
-            return []
-        label = f"pikku, carried, CONN_MAX_AGE=60, through PgBouncer ({pooler.mode})"
-        return [
-            PooledPikku(
-                POOLED,
-                label,
-                procs,
-                args.timeout,
-                conn_max_age=60,
-                carry=True,
-                carry_setting=None,
-                poll=POLL_WITHOUT_NOTIFY,
-                kinds=(Kind.CHAIN, Kind.SINGLE),
-            )
-        ]
-
-    return systems
-
-
-def pooler_pairings(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Through the pooler against the direct connection, 10-step and 1-step runs."""
-    from throughput_report import RECOMMENDED, best
-
-    out = []
-    for database, db in results.items():
-        for kind, name in (("chain", "10 queued steps"), ("single", "1 queued step")):
-            ours, theirs = best(db, POOLED, kind), best(db, RECOMMENDED, kind)
-            if ours is None or theirs is None or not theirs["median"]:
-                continue
-            ratio = ours["median"] / theirs["median"]
-            out.append(
-                {
-                    "database": database,
-                    "pairing": f"through PgBouncer (transaction) vs direct, {name}",
-                    "kind": kind,
-                    "ours": POOLED,
-                    "theirs": RECOMMENDED,
-                    "ours_best": ours,
-                    "theirs_best": theirs,
-                    "ratio": round(ratio, 3),
-                    "target": POOLER_TARGET,
-                    "met": ratio >= POOLER_TARGET,
-                    "missed_by_pct": None
-                    if ratio >= POOLER_TARGET
-                    else round((1 - ratio / POOLER_TARGET) * 100, 1),
-                }
-            )
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

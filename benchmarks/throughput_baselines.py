@@ -11,7 +11,9 @@ steps). The benchmark runs ``python -m procrastinate
 connection pool holds ``PIKKU_BENCH_PROCRASTINATE_POOL`` connections (the
 benchmark sets concurrency + 1: one per concurrent job, one for LISTEN/NOTIFY),
 where psycopg_pool would otherwise open 4. Its database is
-``PIKKU_BENCH_PROCRASTINATE_URL``.
+``PIKKU_BENCH_PROCRASTINATE_URL``; with ``PIKKU_BENCH_PROCRASTINATE_PREPARE=0`` its
+connections prepare no statements (``prepare_threshold=None``, for a transaction pooler:
+``throughput.py --pooler``).
 
 DBOS: ``python benchmarks/throughput_baselines.py dbos --concurrency N`` is one DBOS
 process with the same 10-step workflow of no-op ``@DBOS.step()`` steps, and a DBOS
@@ -57,6 +59,11 @@ DOCS = {
         # --concurrency: jobs one worker runs at once (async tasks share its event loop).
         "https://procrastinate.readthedocs.io/en/stable/howto/production/concurrency.html",
         "https://procrastinate.readthedocs.io/en/stable/howto/basics/worker.html",
+        # Behind a transaction pooler (throughput.py --pooler): no LISTEN/NOTIFY, the
+        # worker polls (worker --no-listen-notify, --fetch-job-polling-interval), and
+        # psycopg prepares nothing (prepare_threshold=None).
+        "https://procrastinate.readthedocs.io/en/stable/howto/connections.html",
+        "https://www.psycopg.org/psycopg3/docs/advanced/prepare.html#using-prepared-statements-with-pgbouncer",
     ],
     "dbos": [
         # Queue(worker_concurrency=...) limits the workflows one process runs at once;
@@ -88,9 +95,15 @@ def _make_procrastinate_app() -> Any:
     except ImportError:  # the benchmark reports the missing peer itself
         return None
     size = int(os.environ.get("PIKKU_BENCH_PROCRASTINATE_POOL", "5"))
+    # Behind a transaction pooler psycopg must prepare nothing (PgBouncer before 1.21
+    # keeps no prepared statements): its connections' prepare_threshold is None.
+    prepare = os.environ.get("PIKKU_BENCH_PROCRASTINATE_PREPARE", "1") == "1"
     app = procrastinate.App(
         connector=procrastinate.PsycopgConnector(
-            conninfo=PROCRASTINATE_URL, min_size=size, max_size=size
+            conninfo=PROCRASTINATE_URL,
+            min_size=size,
+            max_size=size,
+            **({} if prepare else {"kwargs": {"prepare_threshold": None}}),
         )
     )
 

@@ -207,6 +207,9 @@ def render(results: dict[str, Any], targets: dict[str, Any], args: argparse.Name
         out += [format_table(header, rows), ""]
         pairs = [p for p in targets["pairings"] if p["database"] == database]
         for p in pairs:
+            if "unavailable" in p:  # throughput.py --pooler: a system that could not run
+                out.append(f"{p['pairing']}: not measured: {p['unavailable']}")
+                continue
             verdict = ""
             if p["target"] is not None:
                 verdict = (

@@ -138,19 +138,24 @@ def prepare_peers(procs: Processes, args: argparse.Namespace) -> list[System]:
             if isinstance(peer, PgQueuer):
                 peer.install()
             elif isinstance(peer, Procrastinate):
-                from throughput_baselines import procrastinate_app
-
-                ensure_database(PROCRASTINATE_URL)
-                with procrastinate_app.open():
-                    try:
-                        procrastinate_app.schema_manager.apply_schema()
-                    except Exception:
-                        log.debug("procrastinate's schema is already there")
+                prepare_procrastinate()
             else:
                 ensure_database(DBOS_URL)
                 dbos_init(DBOS_URL)
         ready.append(peer)
     return ready
+
+
+def prepare_procrastinate() -> None:
+    """Procrastinate's database and schema, where missing."""
+    from throughput_baselines import procrastinate_app
+
+    ensure_database(PROCRASTINATE_URL)
+    with procrastinate_app.open():
+        try:
+            procrastinate_app.schema_manager.apply_schema()
+        except Exception:
+            log.debug("procrastinate's schema is already there")
 
 
 def build_systems(database: str, procs: Processes, args: argparse.Namespace) -> list[System]:

@@ -263,9 +263,23 @@ class Procrastinate(System):
     family = "procrastinate"
     kinds = (Kind.CHAIN, Kind.SINGLE)
 
-    def __init__(self, key: str, label: str, procs: Processes, timeout: float, url: str) -> None:
+    def __init__(
+        self,
+        key: str,
+        label: str,
+        procs: Processes,
+        timeout: float,
+        url: str,
+        *,
+        worker_url: str | None = None,
+        poll: float | None = None,
+    ) -> None:
+        """Jobs are deferred and read on ``url``; the workers connect through
+        ``worker_url`` (``url`` unless given). With ``poll``, the workers do not LISTEN
+        and look for jobs every ``poll`` seconds, and psycopg prepares nothing: what
+        Procrastinate and psycopg advise behind a transaction pooler."""
         super().__init__(key, label, procs, timeout)
-        self.url = url
+        self.url, self.worker_url, self.poll = url, worker_url or url, poll
         self.app: Any = None
         self.pool = 0
 
@@ -277,7 +291,14 @@ class Procrastinate(System):
         return None
 
     def settings(self) -> dict[str, Any]:
-        return {"pool_size": "concurrency + 1", "listen_notify": True, "task": "async no-op"}
+        out: dict[str, Any] = {
+            "pool_size": "concurrency + 1",
+            "listen_notify": self.poll is None,
+            "task": "async no-op",
+        }
+        if self.poll is not None:
+            out |= {"fetch_job_polling_interval": self.poll, "prepare_threshold": None}
+        return out
 
     def start(self, concurrency: int, processes: int) -> None:
         from throughput_baselines import procrastinate_app
@@ -292,8 +313,17 @@ class Procrastinate(System):
                     *(sys.executable, "-m", "procrastinate"),
                     *("--app=throughput_baselines.procrastinate_app", "--log-level", "warning"),
                     *("worker", "--concurrency", str(concurrency)),
+                    *(
+                        ()
+                        if self.poll is None
+                        else ("--no-listen-notify", "--fetch-job-polling-interval", str(self.poll))
+                    ),
                 ],
-                env={"PIKKU_BENCH_PROCRASTINATE_POOL": str(self.pool)},
+                env={
+                    "PIKKU_BENCH_PROCRASTINATE_POOL": str(self.pool),
+                    "PIKKU_BENCH_PROCRASTINATE_URL": self.worker_url,
+                    "PIKKU_BENCH_PROCRASTINATE_PREPARE": "1" if self.poll is None else "0",
+                },
             )
             self.names.append(name)
 

@@ -36,4 +36,11 @@ class PikkuConfig(AppConfig):
         discover_workflows()
         discover_sources()
         post_migrate.connect(sync_after_migrate, sender=self)
+        # Behind a transaction pooler the hot statements run as functions (planned once
+        # per server session), created after each migrate.
+        from pikku_django import prepared
+        from pikku_django.workflows.store import routines
+
+        prepared.routine_call = routines.call_for
+        post_migrate.connect(routines.install_after_migrate, sender=self)
         install_configured()  # Prometheus and Sentry, where PIKKU switches them on

@@ -5,7 +5,9 @@ statements pikku_django runs on every step or webhook go through :func:`fetch`
 instead: on PostgreSQL bound server-side and prepared, so it plans each once per
 connection (``PIKKU["PREPARED_STATEMENTS"]`` turns this off, and so does a pooler in
 transaction mode named in ``PIKKU["DATABASE_POOLING"]``: the next transaction may run
-on a server session that never prepared them); on SQLite straight on the driver's
+on a server session that never prepared them, and the store's hot statements are
+called as their PL/pgSQL functions instead, :mod:`pikku_django.workflows.store.routines`);
+on SQLite straight on the driver's
 cursor. MariaDB and MySQL run them through Django's cursor. Either way Django's execute
 wrappers and query log see every statement, and driver errors become Django's.
 """
@@ -25,6 +27,11 @@ from django.db import connections
 
 from pikku_django.conf import pikku_settings
 from pikku_django.pooling import keeps_sessions
+
+#: Set by the workflow store (:mod:`pikku_django.workflows.store.routines`): the call of
+#: a statement's server-side function on a connection behind a transaction pooler, or
+#: None where the statement runs as it is.
+routine_call: Callable[[Any, str], str | None] | None = None
 
 
 def fetch(using: str, sql: str, params: list[Any]) -> list[Any]:
@@ -90,6 +97,9 @@ def fetch_on(connection: Any, sql: str, params: list[Any]) -> list[Any]:
     vendor = connection.vendor
     if vendor == "sqlite":
         return list(_run_on_sqlite(connection, sql, params, _ROWS))
+    if vendor == "postgresql" and routine_call is not None and not keeps_sessions(connection.alias):
+        # Behind a transaction pooler: its function plans it once per server session.
+        sql = routine_call(connection, sql) or sql
     if (
         vendor != "postgresql"
         or not pikku_settings.PREPARED_STATEMENTS

@@ -1,7 +1,10 @@
 """Real ``pikku_worker`` processes through PgBouncer, in transaction and session mode.
 
 Workers complete runs, each step once, within queue concurrency and rate limits; a
-task whose worker is SIGKILLed mid-call completes as attempt 2, once; each cron tick
+task whose worker is SIGKILLed mid-call completes as attempt 2, once; a transactional
+step whose worker is frozen (SIGSTOP) past its lease is taken over and completed by
+another worker, and the frozen attempt, once resumed, is refused (superseded) and its
+write rolled back, so the step's effect is there once; each cron tick
 starts one run; webhook intake stores each delivery once and its runs complete. The
 workers reach the database only through the pooler, with ``WORKER_NOTIFY`` off (no
 ``LISTEN``: idle workers poll).
@@ -22,15 +25,23 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from pikku_django.models import RunStatus, StepAttempt, StepStatus, WebhookReceipt, WorkflowRun
+from pikku_django.models import (
+    AttemptStatus,
+    RunStatus,
+    StepAttempt,
+    StepStatus,
+    WebhookReceipt,
+    WorkflowRun,
+    WorkflowStep,
+)
 from pikku_django.schedules import tick_key
 from pikku_django.tasks.compat import TaskResultStatus
 from pikku_django.webhooks.dispatch import DISPATCH_WORKFLOW
-from pikku_django.workflows import get_engine, start_waiting_runs, start_workflow
+from pikku_django.workflows import WorkflowEngine, get_engine, start_waiting_runs, start_workflow
 from tests import test_tasks_defs as defs
 from tests import webhook_defs
 from tests.pgbouncer import Pooler, pooled_mark, pooled_worker
-from tests.test_crash_recovery import up
+from tests.test_crash_recovery import run_state, up
 from tests.test_limits_workers import STAMP_SLACK, _attempts, _intervals
 from tests.test_schedules_workers import NAME, _env, _runs, _tick_of
 from tests.test_webhook_store import enabled, post  # noqa: F401 (enabled: a fixture)
@@ -44,9 +55,11 @@ LEASE_MS = 3_000
 
 
 def stop(*procs: subprocess.Popen[str]) -> list[str]:
-    """SIGTERM each worker still alive; what each printed (once: nothing the second time)."""
+    """SIGTERM each worker still alive (resumed first, if frozen); what each printed
+    (once: nothing the second time)."""
     for proc in procs:
         if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
             proc.send_signal(signal.SIGTERM)
     return [
         "" if proc.stdout is None or proc.stdout.closed else finish(proc, 60)[1] for proc in procs
@@ -97,6 +110,63 @@ def test_a_task_whose_worker_is_sigkilled_completes_as_attempt_two_once(
     assert list(attempts.values_list("attempt", flat=True).order_by("attempt")) == [1, 2]
     effects = Effect.objects.using(alias).filter(run_id=tag)
     assert sorted(effects.values_list("attempt_pid", flat=True)) == sorted([first.pid, second.pid])
+
+
+def test_a_frozen_workers_transactional_step_is_taken_over_and_its_late_settle_refused(
+    pooled: Pooler, tmp_path: Path
+) -> None:
+    """tests/test_crash_recovery.py's paused worker, through the pooler, with a
+    transactional step: its write, still uncommitted in the frozen worker's transaction
+    (a server session the pooler keeps for it), is rolled back once it is refused."""
+    alias = pooled.alias
+    env = {"PIKKU_TEST_STEP_LEASE_MS": str(LEASE_MS), "PIKKU_TEST_POLL": "0.2"}
+    started, tag = tmp_path / "started", uuid.uuid4().hex
+    run = WorkflowEngine(alias).start(
+        "testapp.blocked",
+        {
+            "started": str(started),
+            "step": "testapp.tx_block_first",
+            "db": alias,
+            "run": tag,
+            "block": 2 * LEASE_MS / 1000,
+        },
+    )
+    first = pooled_worker(pooled, "--concurrency", "1", **env)
+    second = None
+    try:
+        wait_showing(started.exists, 180, "attempt 1 of the step to write and block", first)
+        assert int(started.read_text()) == first.pid
+        os.kill(first.pid, signal.SIGSTOP)
+        second = pooled_worker(pooled, "--concurrency", "1", **env)
+        wait_showing(
+            lambda: run_state(alias, run.id).status == RunStatus.COMPLETED,
+            LEASE_MS / 1000 + 180,
+            "the second worker to take the step over and finish it",
+            first,
+            second,
+        )
+        # Resumed, the frozen attempt's function returns and its settle (and any lease
+        # renewal) must be refused: the SIGTERM in stop() lets that step in flight finish
+        # before the worker exits.
+        os.kill(first.pid, signal.SIGCONT)
+    finally:
+        outputs = stop(*(p for p in (first, second) if p is not None))
+    assert "superseded" in outputs[0], outputs[0]
+    step = WorkflowStep.objects.using(alias).get(run_id=run.id, name="work")
+    assert step.status == StepStatus.SUCCEEDED
+    assert step.attempt == 2
+    assert step.result["pid"] == second.pid
+    assert run_state(alias, run.id).output["pid"] == second.pid
+    history = list(step.attempts.using(alias).order_by("attempt").values_list("status", flat=True))
+    assert history == [AttemptStatus.SUPERSEDED, StepStatus.SUCCEEDED]
+    stale = step.attempts.using(alias).get(attempt=1)
+    assert stale.result is None
+    # The transactional effect is there once, the second worker's: the frozen attempt's
+    # write was rolled back with its refused settle.
+    effects = list(
+        Effect.objects.using(alias).filter(run_id=tag).values_list("attempt_pid", flat=True)
+    )
+    assert effects == [second.pid], outputs
 
 
 def test_workers_complete_every_run_once_within_the_queue_limits(

@@ -57,14 +57,15 @@ def block_first(data: dict[str, Any]) -> dict[str, Any]:
 
 @step(name="testapp.tx_block_first", retries=3, transactional=True)
 def tx_block_first(data: dict[str, Any]) -> dict[str, Any]:
-    """Writes a row inside the step's transaction, then (first attempt only) blocks."""
+    """Writes a row inside the step's transaction, then (first attempt only) blocks for
+    ``block`` seconds (120 unless told)."""
     from tests.testapp.models import Effect
 
     Effect.objects.using(data["db"]).create(run_id=data["run"], step="tx", attempt_pid=os.getpid())
     marker = Path(data["started"])
     if not marker.exists():
         mark_started(marker)
-        time.sleep(120)
+        time.sleep(data.get("block", 120))
     return {"pid": os.getpid()}
 
 
