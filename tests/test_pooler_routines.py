@@ -73,11 +73,10 @@ def test_behind_the_transaction_pooler_the_hot_statements_run_as_functions(
 
 
 @pytest.mark.usefixtures("reinstalled")
+@pytest.mark.parametrize("pooled", ["transaction"], indirect=True)  # only there they serve
 def test_a_statement_without_its_function_runs_as_it_is(pooled: Pooler) -> None:
     """A database migrated by a version whose statements differ: the statements whose
     functions it lacks run themselves, the others through their functions."""
-    if pooled.mode != "transaction":
-        pytest.skip("the functions serve only behind a transaction pooler")
     by_function = {routines.function_name(statement(n)): statement(n) for n in routines.HOT}
     called = [
         name
