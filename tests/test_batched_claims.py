@@ -81,7 +81,7 @@ def _claimer(worker: Worker) -> StepClaimer:
     return StepClaimer(f"{worker.name}:{threading.get_ident()}", tuple(worker.queues))
 
 
-def _claim(worker: Worker) -> list[Unit]:
+def claim_batch(worker: Worker) -> list[Unit]:
     """What one look of a worker thread claims for the worker's free threads."""
     wanted = worker._batches.reserve()
     try:
@@ -101,7 +101,7 @@ def _ready(engine: WorkflowEngine, n: int, workflow: Any = bc_one, **options: An
 
 def _claim_statements(alias: str, worker: Worker) -> tuple[list[Unit], int]:
     with CaptureQueriesContext(connections[alias]) as queries:
-        units = _claim(worker)
+        units = claim_batch(worker)
     return units, len(queries.captured_queries)
 
 
@@ -127,7 +127,7 @@ def test_a_worker_claims_due_runs_for_its_free_threads_in_one_claim(
     assert len({unit.run_id for unit in units}) == 4
     # Four runs cost the statements one did: one claim for all of them.
     assert statements == alone
-    assert len(_claim(worker)) == 2
+    assert len(claim_batch(worker)) == 2
 
 
 def test_a_worker_claims_ready_steps_for_its_free_threads_in_one_statement(
@@ -153,7 +153,7 @@ def test_a_batch_claim_takes_no_more_than_the_most_set(
 ) -> None:
     settings.PIKKU = {**settings.PIKKU, "WORKER_CLAIM_BATCH": 2}
     _ready(engine, 5)
-    assert len(_claim(Worker(engine, concurrency=8, notify=False))) == 2
+    assert len(claim_batch(Worker(engine, concurrency=8, notify=False))) == 2
 
 
 def test_the_slots_of_a_worker_bound_what_it_claims_and_has_not_started() -> None:
@@ -314,7 +314,7 @@ def test_a_unit_its_worker_never_started_is_claimed_once_its_lease_lapses(
     engine = WorkflowEngine(alias, leases=InMemoryLeaseService())
     runs = _ready(engine, 2)
     gone = Worker(engine, concurrency=2, notify=False)
-    units = _claim(gone)  # claimed, then its worker is gone before it starts either
+    units = claim_batch(gone)  # claimed, then its worker is gone before it starts either
     assert len(units) == 2
     leases = dict(
         WorkflowStep.objects.using(alias)
