@@ -117,7 +117,8 @@ def test_a_worker_claims_due_runs_for_its_free_threads_in_one_claim(
     engine = WorkflowEngine(alias, leases=InMemoryLeaseService() if leases == "memory" else None)
     engine.start(bc_one, "alone")
     single, alone = _claim_statements(alias, Worker(engine, concurrency=1, notify=False))
-    assert len(single) == 1 and single[0].due is not None
+    assert len(single) == 1
+    assert single[0].due is not None
     for n in range(6):
         engine.start(bc_one, n)
     worker = Worker(engine, concurrency=4, notify=False)
@@ -161,7 +162,8 @@ def test_the_slots_of_a_worker_bound_what_it_claims_and_has_not_started() -> Non
     assert batches.reserve() == 4
     assert batches.reserve() == 0  # another thread's look: the first holds every slot
     first = batches.claimed(4, [Unit(1), Unit(2), Unit(3)])
-    assert first == Unit(1) and batches.waiting() == 2
+    assert first == Unit(1)
+    assert batches.waiting() == 2
     assert batches.reserve() == 1  # one thread runs a unit, two units wait for threads
     batches.claimed(1, [])
     assert batches.take() == Unit(2)
@@ -260,7 +262,8 @@ def test_units_handed_to_threads_are_run_when_the_worker_stops(engine: WorkflowE
     wanted = worker._batches.reserve()
     units = worker._claim(claimer, wanted)
     first = worker._batches.claimed(wanted, units)
-    assert first is not None and worker._batches.waiting() == 2
+    assert first is not None
+    assert worker._batches.waiting() == 2
     worker.stop()
     worker.run()  # its threads run the two units handed to them, then return
     assert worker._batches.waiting() == 0
@@ -287,7 +290,8 @@ def test_a_unit_of_a_batch_taken_over_before_it_ran_is_refused_the_others_settle
     assert taken is not None
     assert engine.refresh_step_lease(taken.step_id, -1, taken.attempt, taken.claim_token)
     other = engine.claim_step(taken.step_id, worker="another worker")
-    assert other is not None and other.attempt == 2
+    assert other is not None
+    assert other.attempt == 2
     first = worker._batches.claimed(wanted, units)
     assert first is not None
     worker._carrier.carry(first.run_id, claimer, first.claimed, first.due)
@@ -295,9 +299,11 @@ def test_a_unit_of_a_batch_taken_over_before_it_ran_is_refused_the_others_settle
     assert worker._one_unit() >= 1
     assert worker._one_unit() >= 1
     assert worker._batches.waiting() == 0
-    assert worker.counts["superseded"] == 1 and worker.counts["finished"] == 2
+    assert worker.counts["superseded"] == 1
+    assert worker.counts["finished"] == 2
     step = WorkflowStep.objects.using(engine.using).get(id=taken.step_id)
-    assert step.status == StepStatus.RUNNING and step.attempt == 2  # the other's, untouched
+    assert step.status == StepStatus.RUNNING
+    assert step.attempt == 2
     assert step.claim_token == other.claim_token
     superseded = StepAttempt.objects.using(engine.using).get(step_id=taken.step_id, attempt=1)
     assert superseded.status == AttemptStatus.SUPERSEDED

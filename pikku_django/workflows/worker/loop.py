@@ -371,12 +371,8 @@ class Worker:
         """Claim up to ``limit`` due runs (each with its run lease where the store
         takes it, and its first step stored claimed by ``claimer`` where it can be)."""
         engine = self.engine
-        due_runs = engine.claim_due_run_rows(
-            limit, lease_holder=str(uuid.uuid4()), claimer=claimer
-        )
-        return [
-            Unit(due.run.id, engine.first_step_claimed(due, claimer), due) for due in due_runs
-        ]
+        due_runs = engine.claim_due_run_rows(limit, lease_holder=str(uuid.uuid4()), claimer=claimer)
+        return [Unit(due.run.id, engine.first_step_claimed(due, claimer), due) for due in due_runs]
 
     def _ready_steps(self, claimer: StepClaimer, limit: int = 1, busy: bool = False) -> list[Unit]:
         """Claim up to ``limit`` ready steps, each with its own attempt, token and lease."""
