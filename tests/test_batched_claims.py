@@ -178,6 +178,19 @@ def test_the_slots_of_a_worker_bound_what_it_claims_and_has_not_started() -> Non
     assert batches.reserve() == 4
 
 
+def test_a_look_kept_out_by_a_claim_that_left_slots_free_is_made_again() -> None:
+    batches = Batches(3, most=32)
+    assert batches.reserve() == 3
+    assert batches.reserve() == 0  # woken for new work, but every slot is reserved
+    batches.claimed(3, [Unit(1)])  # the claim may have begun before that work was stored
+    assert batches.look_again() is True
+    assert batches.look_again() is False  # asked once
+    assert batches.reserve() == 2
+    assert batches.reserve() == 0
+    batches.claimed(2, [Unit(2), Unit(3)])  # every slot filled: no thread to look
+    assert batches.look_again() is False
+
+
 # -- a worker's threads -------------------------------------------------------------------
 
 

@@ -42,6 +42,10 @@ class Batches:
         self._running = 0
         self._reserved = 0
         self._handed: deque[Unit] = deque()
+        #: A look found every free slot reserved by a claim under way, which may have
+        #: begun before the work that look was woken for was committed.
+        self._missed = False
+        self._look_again = False
 
     def take(self) -> Unit | None:
         """A unit handed over, for the calling (free) thread to start: its slot is
@@ -58,6 +62,8 @@ class Batches:
         with self._lock:
             free = self.threads - self._running - self._reserved - len(self._handed)
             wanted = max(0, min(free, self.most))
+            if not wanted and self._reserved:
+                self._missed = True
             self._reserved += wanted
             return wanted
 
@@ -69,11 +75,23 @@ class Batches:
             raise ValueError(f"a claim of {reserved} took {len(units)} units")
         with self._lock:
             self._reserved -= reserved
+            if self._missed and len(units) < reserved:
+                # It left slots free: what the look that missed was woken for may
+                # be due still, and a thread must look for it.
+                self._missed, self._look_again = False, True
             if not units:
                 return None
             self._running += 1
             self._handed.extend(units[1:])
             return units[0]
+
+    def look_again(self) -> bool:
+        """Whether a thread must look for due work again: a look found every free
+        slot reserved while a claim was under way, and that claim left slots free
+        (it may have begun before the work was committed). Asked once."""
+        with self._lock:
+            again, self._look_again = self._look_again, False
+            return again
 
     def done(self) -> None:
         """The calling thread ended the unit it ran: its slot is free again."""

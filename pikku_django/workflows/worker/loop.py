@@ -347,6 +347,8 @@ class Worker:
                 batches.claimed(wanted, [])
                 raise
             unit = batches.claimed(wanted, units)
+            if batches.look_again():
+                self._waits.wake_one()  # the look this claim kept out of the slots
             if unit is None:
                 return 0
             if len(units) > 1:
