@@ -159,8 +159,7 @@ def test_a_batch_claim_takes_no_more_than_the_most_set(
 
 def test_the_slots_of_a_worker_bound_what_it_claims_and_has_not_started() -> None:
     batches = Batches(4, most=32)
-    assert batches.reserve() == 4
-    assert batches.reserve() == 0  # another thread's look: the first holds every slot
+    assert batches.reserve() == 4  # every slot (another look now waits: see below)
     first = batches.claimed(4, [Unit(1), Unit(2), Unit(3)])
     assert first == Unit(1)
     assert batches.waiting() == 2
@@ -178,17 +177,23 @@ def test_the_slots_of_a_worker_bound_what_it_claims_and_has_not_started() -> Non
     assert batches.reserve() == 4
 
 
-def test_a_look_kept_out_by_a_claim_that_left_slots_free_is_made_again() -> None:
+def test_a_look_waits_for_the_claim_holding_every_free_slot_then_takes_what_it_left() -> None:
     batches = Batches(3, most=32)
     assert batches.reserve() == 3
-    assert batches.reserve() == 0  # woken for new work, but every slot is reserved
-    batches.claimed(3, [Unit(1)])  # the claim may have begun before that work was stored
-    assert batches.look_again() is True
-    assert batches.look_again() is False  # asked once
-    assert batches.reserve() == 2
-    assert batches.reserve() == 0
-    batches.claimed(2, [Unit(2), Unit(3)])  # every slot filled: no thread to look
-    assert batches.look_again() is False
+    got: list[int] = []
+    # Woken for new work while every slot is reserved: it waits for the claim under
+    # way, which may have begun before that work was stored.
+    look = threading.Thread(target=lambda: got.append(batches.reserve()))
+    look.start()
+    look.join(0.2)
+    assert look.is_alive()
+    assert not got
+    batches.claimed(3, [Unit(1)])  # the claim left two slots free
+    look.join(10)
+    assert got == [2]
+    batches.claimed(2, [Unit(2), Unit(3)])
+    assert batches.reserve() == 0  # every slot runs or holds a unit: no wait
+    assert batches.take() == Unit(3)
 
 
 # -- a worker's threads -------------------------------------------------------------------

@@ -20,6 +20,10 @@ from typing import Any
 
 from pikku_django.workflows._values import ClaimedStep, DueRun
 
+#: Seconds a look waits at most, at a time, for the claims under way that hold every
+#: free slot to end (each ends as soon as its statement returns).
+RESERVED_WAIT = 1.0
+
 
 @dataclass(frozen=True)
 class Unit:
@@ -38,14 +42,10 @@ class Batches:
         self.threads = threads
         #: The most units one claim takes (``PIKKU["WORKER_CLAIM_BATCH"]``).
         self.most = max(1, most)
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._running = 0
         self._reserved = 0
         self._handed: deque[Unit] = deque()
-        #: A look found every free slot reserved by a claim under way, which may have
-        #: begun before the work that look was woken for was committed.
-        self._missed = False
-        self._look_again = False
 
     def take(self) -> Unit | None:
         """A unit handed over, for the calling (free) thread to start: its slot is
@@ -58,14 +58,18 @@ class Batches:
 
     def reserve(self) -> int:
         """Reserve the free slots for a claim (at most :attr:`most`): how many units
-        it may take; 0 when other claims under way or handed units hold them all."""
+        it may take; 0 when handed units hold them all. While claims under way hold
+        every free slot, it waits for them to end first: they may have begun before
+        the work this look was woken for was stored, and leave slots free for it."""
         with self._lock:
-            free = self.threads - self._running - self._reserved - len(self._handed)
-            wanted = max(0, min(free, self.most))
-            if not wanted and self._reserved:
-                self._missed = True
+            while self._free() <= 0 and self._reserved:
+                self._lock.wait(RESERVED_WAIT)
+            wanted = max(0, min(self._free(), self.most))
             self._reserved += wanted
             return wanted
+
+    def _free(self) -> int:
+        return self.threads - self._running - self._reserved - len(self._handed)
 
     def claimed(self, reserved: int, units: list[Unit]) -> Unit | None:
         """A claim that reserved ``reserved`` slots took ``units`` (at most that
@@ -75,28 +79,18 @@ class Batches:
             raise ValueError(f"a claim of {reserved} took {len(units)} units")
         with self._lock:
             self._reserved -= reserved
-            if self._missed and len(units) < reserved:
-                # It left slots free: what the look that missed was woken for may
-                # be due still, and a thread must look for it.
-                self._missed, self._look_again = False, True
+            self._lock.notify_all()
             if not units:
                 return None
             self._running += 1
             self._handed.extend(units[1:])
             return units[0]
 
-    def look_again(self) -> bool:
-        """Whether a thread must look for due work again: a look found every free
-        slot reserved while a claim was under way, and that claim left slots free
-        (it may have begun before the work was committed). Asked once."""
-        with self._lock:
-            again, self._look_again = self._look_again, False
-            return again
-
     def done(self) -> None:
         """The calling thread ended the unit it ran: its slot is free again."""
         with self._lock:
             self._running -= 1
+            self._lock.notify_all()
 
     def waiting(self) -> int:
         """How many handed units wait for a thread to take them."""

@@ -340,15 +340,13 @@ class Worker:
                 return 0
             wanted = batches.reserve()
             if not wanted:
-                return 0  # the free threads' slots are claimed for already
+                return 0  # units handed to threads hold the free slots
             try:
                 units = self._claim(claimer, wanted)
             except BaseException:
                 batches.claimed(wanted, [])
                 raise
             unit = batches.claimed(wanted, units)
-            if batches.look_again():
-                self._waits.wake_one()  # the look this claim kept out of the slots
             if unit is None:
                 return 0
             if len(units) > 1:
