@@ -87,6 +87,10 @@ DEFAULTS: dict[str, Any] = {
     # Seconds between pikku_worker's progress lines (claimed, finished, failed,
     # retried, recovered).
     "WORKER_PROGRESS_INTERVAL": 60.0,
+    # pikku_worker: the most units of due work (due runs, ready steps) one claim
+    # takes, for as many of the worker's threads as are free (never more); each unit
+    # claimed with its own attempt and lease. 1: each thread claims one at a time.
+    "WORKER_CLAIM_BATCH": 32,
     # Recovery inside pikku_worker: every RECOVERY_INTERVAL seconds one worker
     # wakes runs that have had nothing in flight for STALLED_RUN_AFTER seconds.
     # (Steps whose worker died are reclaimed as soon as their lease lapses.)
@@ -287,6 +291,7 @@ RULES: dict[str, Rule] = {
     ),
     "LISTEN_DATABASES": Rule((dict,), "a dict of database alias to the alias it LISTENs through"),
     "WORKER_PROGRESS_INTERVAL": SECONDS,
+    "WORKER_CLAIM_BATCH": COUNT,
     "RECOVERY_INTERVAL": SECONDS,
     "STALLED_RUN_AFTER": SECONDS,
     "PASS_ERROR_TRIES": COUNT,

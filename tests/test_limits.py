@@ -20,7 +20,9 @@ from pikku_django.workflows.control._admission import admit, admittable
 from pikku_django.workflows.control._rates import GROW_AT_LEAST, prune_claims
 from pikku_django.workflows.control.queues import Rate, parse_queues
 from pikku_django.workflows.store import NewRun
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, db_mark
+from tests.test_batched_claims import claim_batch
 
 VENDORS = ("sqlite", "postgres", "mariadb")
 
@@ -291,15 +293,36 @@ def test_a_queues_slots_grow_as_it_claims_up_to_its_count(alias: str) -> None:
     assert sorted(slots.values_list("slot", flat=True)) == list(range(GROW_AT_LEAST * 3))
 
 
-def test_a_queues_rate_and_concurrency_both_hold(alias: str) -> None:
+def _batch(engine: WorkflowEngine, by: str) -> list[Any]:
+    """One claim of up to 10 steps: the engine's, or a look of a worker thread whose
+    worker has 10 free threads (tests/test_batched_claims.py)."""
+    if by == "engine":
+        return engine.claim_due_steps(limit=10)
+    return [u.claimed for u in claim_batch(Worker(engine, concurrency=10, notify=False))]
+
+
+@pytest.mark.parametrize("by", ["engine", "worker"])
+def test_a_queues_rate_and_concurrency_both_hold(alias: str, by: str) -> None:
     engine = _engine(alias, {"both": {"rate": "3/1h", "concurrency": 2}})
     _ready_steps(engine, 5, "both")
-    first = engine.claim_due_steps(limit=10)
+    first = _batch(engine, by)
     assert len(first) == 2  # the concurrency limit
     engine.execute_step(first[0], wake=False)
-    assert len(engine.claim_due_steps(limit=10)) == 1  # the rate's third
+    assert len(_batch(engine, by)) == 1  # the rate's third
     engine.execute_step(first[1], wake=False)
-    assert engine.claim_due_steps(limit=10) == []  # a free slot, but no claim left
+    assert _batch(engine, by) == []  # a free slot, but no claim left
+
+
+@pytest.mark.parametrize("by", ["engine", "worker"])
+def test_a_batch_claim_takes_a_limited_queues_room_and_the_free_queues_steps(
+    alias: str, by: str
+) -> None:
+    engine = _engine(alias, {"tight": {"concurrency": 2}})
+    _ready_steps(engine, 4, "tight")
+    _ready_steps(engine, 3, "free")
+    got = _batch(engine, by)
+    assert sorted(c.queue for c in got) == ["free"] * 3 + ["tight"] * 2
+    assert _batch(engine, by) == []  # the limited queue is full, the free one empty
 
 
 def test_the_pass_leaves_a_rated_queues_step_to_the_claim(alias: str) -> None:

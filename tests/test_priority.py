@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from pikku_django.leases import InMemoryLeaseService
 from pikku_django.models import StepAttempt, WorkflowRun, WorkflowStep
 from pikku_django.workflows import FakeClock, WorkflowContext, WorkflowEngine, step, workflow
+from pikku_django.workflows.worker.loop import Worker
 from tests.conftest import database_alias, db_mark
+from tests.test_batched_claims import claim_batch
 
 VENDORS = ("sqlite", "postgres", "mariadb")
 
@@ -121,15 +123,40 @@ def test_ready_steps_are_claimed_by_priority_then_first_in(
     assert engine.claim_due_steps(limit=1) == []
 
 
-@pytest.mark.parametrize("batch", [3])
-def test_a_batch_claim_takes_the_highest_priorities(alias: str, batch: int) -> None:
+def _batch(engine: WorkflowEngine, by: str, batch: int) -> list[Any]:
+    """What one claim of ``batch`` ready steps takes: the engine's, or a look of a
+    worker thread with ``batch`` free threads (tests/test_batched_claims.py)."""
+    if by == "engine":
+        return engine.claim_due_steps(limit=batch)
+    return [u.claimed for u in claim_batch(Worker(engine, concurrency=batch, notify=False))]
+
+
+@pytest.mark.parametrize("by", ["engine", "worker"])
+@pytest.mark.parametrize("batch", [3, 5])
+def test_a_batch_claim_takes_the_highest_priorities(alias: str, batch: int, by: str) -> None:
     engine, clock = _engine(alias)
     priorities = [0, -5, 100, 0, 3, 100, -100]
     ids = _start_all(engine, clock, priorities)
     for run_id in ids:
         engine.orchestrate(run_id)
-    got = [str(c.run_id) for c in engine.claim_due_steps(limit=batch)]
+    got = [str(c.run_id) for c in _batch(engine, by, batch)]
     assert got == _expected(ids, priorities)[:batch]
+
+
+@pytest.mark.parametrize("by", ["engine", "worker"])
+@pytest.mark.parametrize("batch", [3, 5])
+def test_a_batch_claim_of_due_runs_takes_the_highest_priorities(
+    alias: str, batch: int, by: str
+) -> None:
+    engine, clock = _engine(alias)
+    priorities = [0, -5, 100, 0, 3, 100, -100]
+    ids = _start_all(engine, clock, priorities)
+    if by == "engine":
+        got = {str(run_id) for run_id in engine.claim_due_runs(batch)}
+    else:
+        units = claim_batch(Worker(engine, concurrency=batch, notify=False))
+        got = {str(u.run_id) for u in units}
+    assert got == set(_expected(ids, priorities)[:batch])
 
 
 def test_steps_and_child_runs_inherit_the_runs_priority(alias: str) -> None:

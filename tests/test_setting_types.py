@@ -44,6 +44,7 @@ CASES: dict[str, tuple[Any, Any]] = {
     "WORKER_POOLED_POLL_INTERVAL": (0, 0.5),
     "LISTEN_DATABASES": (["direct"], {"default": "default"}),
     "WORKER_PROGRESS_INTERVAL": ("1m", 30),
+    "WORKER_CLAIM_BATCH": (0, 1),
     "RECOVERY_INTERVAL": (-1, 10),
     "STALLED_RUN_AFTER": (float("nan"), 600),
     "PASS_ERROR_TRIES": (2.5, 5),

@@ -30,6 +30,9 @@ PIKKU = {
 # A marker file's path: the worker SIGKILLs itself after a step's settle, before the
 # pass it owes the run (tests/testapp/kills.py, tests/test_crash_recovery_bounds.py).
 PIKKU_TEST_KILL_AFTER_SETTLE = os.environ.get("PIKKU_TEST_KILL_AFTER_SETTLE", "")
+# A marker file's path: the worker SIGKILLs itself once a claim took two units or more,
+# before it starts any (tests/testapp/kills.py, tests/test_crash_recovery_batch.py).
+PIKKU_TEST_KILL_AFTER_BATCH = os.environ.get("PIKKU_TEST_KILL_AFTER_BATCH", "")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -16,3 +16,9 @@ class TestAppConfig(AppConfig):
             from tests.testapp.kills import kill_after_settle
 
             kill_after_settle(marker)
+        # A worker process that kills itself holding a batch it claimed (tests/worker_settings.py).
+        marker = getattr(settings, "PIKKU_TEST_KILL_AFTER_BATCH", "")
+        if marker:
+            from tests.testapp.kills import kill_after_batch
+
+            kill_after_batch(marker)

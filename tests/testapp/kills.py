@@ -1,4 +1,6 @@
-"""A worker process that SIGKILLs itself between a step's settle and the pass after it.
+"""A worker process that SIGKILLs itself between a step's settle and the pass after it,
+or (``PIKKU_TEST_KILL_AFTER_BATCH``, :func:`kill_after_batch`) holding a batch it
+claimed and has not started.
 
 Enabled in worker processes by ``PIKKU_TEST_KILL_AFTER_SETTLE`` (tests/worker_settings.py),
 the path of a marker file: the first step of a ``testapp.settle_then_pass`` run whose
@@ -48,3 +50,25 @@ def kill_after_settle(marker: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     step_attempt_succeeded.connect(receiver, weak=False, dispatch_uid="pikku-test-kill")
+
+
+def kill_after_batch(marker: str) -> None:
+    """Make this worker process SIGKILL itself as soon as one claim took two units or
+    more, before it starts any of them, writing ``marker`` first (as JSON: the
+    process, the steps claimed with their attempts, and the wall-clock time)."""
+    from pikku_django.workflows.worker._batches import Batches
+
+    path = Path(marker)
+    claimed = Batches.claimed
+
+    def killing(self: Batches, reserved: int, units: list[Any]) -> Any:
+        if len(units) >= 2 and not path.exists():
+            steps = [[u.claimed.step_id, u.claimed.attempt] for u in units if u.claimed]
+            note = {"pid": os.getpid(), "steps": steps, "at": time.time()}
+            partial = path.with_suffix(".partial")
+            partial.write_text(json.dumps(note))
+            partial.rename(path)  # the test never reads half a marker
+            os.kill(os.getpid(), signal.SIGKILL)
+        return claimed(self, reserved, units)
+
+    Batches.claimed = killing  # type: ignore[method-assign]

@@ -33,11 +33,18 @@ class IdleThreads:
                 self._poller = index
             return self._poller == index
 
-    def wait(self, index: int, timeout: float, stopping: threading.Event) -> None:
+    def wait(
+        self,
+        index: int,
+        timeout: float,
+        stopping: threading.Event,
+        handed: Callable[[], int] = lambda: 0,
+    ) -> None:
         """Wait to be woken, or ``timeout`` seconds as the poller (else at most
-        :data:`FOLLOWER_WAIT`); return at once when stopping or a wake-up is owed."""
+        :data:`FOLLOWER_WAIT`); return at once when stopping, a wake-up is owed or
+        work was ``handed`` to the idle threads (see :meth:`wake`)."""
         with self._cond:
-            if stopping.is_set():
+            if stopping.is_set() or handed():
                 return
             if not self._take_owed():
                 poller = self._poller == index
@@ -56,6 +63,13 @@ class IdleThreads:
         with self._cond:
             self._owed = 1
             self._cond.notify(1)
+
+    def wake(self, n: int) -> None:
+        """Work was handed to ``n`` idle threads: wake that many (one about to wait
+        sees the work first, and does not)."""
+        with self._cond:
+            self._owed = 1
+            self._cond.notify(n)
 
     def wake_all(self) -> None:
         """Wake every waiting thread (to stop)."""

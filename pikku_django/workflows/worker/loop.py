@@ -21,6 +21,7 @@ from pikku_django.wakeups import ChannelListener, work_listener, worker_poll_int
 from pikku_django.workflows._values import StepOutcome
 from pikku_django.workflows.engine import ClaimedStep, StepClaimer, WorkflowEngine
 from pikku_django.workflows.logcontext import workflow_logger
+from pikku_django.workflows.worker._batches import Batches, Unit
 from pikku_django.workflows.worker._carrying import CHAIN_SECONDS, RunCarrier
 from pikku_django.workflows.worker._connections import release_connections
 from pikku_django.workflows.worker._due_work_order import LookOrder
@@ -83,6 +84,8 @@ class Worker:
         #: Per thread: whether it looks for due runs or ready steps first.
         self._look = LookOrder(CHAIN_SECONDS)
         self._idle: set[int] = set()
+        #: Its threads' slots, and the units claimed for free threads not started yet.
+        self._batches = Batches(concurrency, int(pikku_settings.WORKER_CLAIM_BATCH))
         self._lock = threading.Lock()
         #: The steps it holds, and what it has done.
         self.tally = WorkerTally()
@@ -282,14 +285,18 @@ class Worker:
 
     def _loop(self, index: int) -> None:
         try:
-            while not self.stopping.is_set():
+            # Once stopping, a unit claimed for a free thread is still run (briefly:
+            # a step without the pass after it, a pass that claims no step).
+            while not self.stopping.is_set() or self._batches.waiting():
                 with self._lock:
                     self._idle.discard(index)  # busy until this iteration finds nothing
                 looked_at = self.engine.clock.now()
                 try:
                     # Due work first: an intake's look once a poll interval must not
                     # delay the run a notification woke this thread for.
-                    done = self._one_unit() + self._start_waiting_runs()
+                    done = self._one_unit()
+                    if not self.stopping.is_set():
+                        done += self._start_waiting_runs()
                 except Exception:
                     self.tally.failed_unit()
                     logger.exception("pikku_worker thread %d hit an error; continuing", index)
@@ -297,6 +304,8 @@ class Worker:
                     self.stopping.wait(min(self.poll_interval, 1.0))
                 finally:
                     release_connections()
+                if self.stopping.is_set():
+                    continue
                 if done:
                     # There may be more: another thread looks too (and draws in the next).
                     self.cadence.busy()
@@ -311,7 +320,7 @@ class Worker:
                         wait = min(wait, self._seconds_until_next_due(looked_at))
                     except Exception:
                         logger.debug("Could not look up the next due time", exc_info=True)
-                self._waits.wait(index, max(wait, 0.005), self.stopping)
+                self._waits.wait(index, max(wait, 0.005), self.stopping, self._batches.waiting)
         finally:
             connections.close_all()
 
@@ -320,27 +329,55 @@ class Worker:
         return self.intakes.start_waiting()
 
     def _one_unit(self) -> int:
+        """Run a unit handed to this thread, or claim a batch of due work (as many
+        units as there are free threads), hand the others to free threads and run
+        one: how many passes and steps this thread did."""
         claimer = StepClaimer(f"{self.name}:{threading.get_ident()}", tuple(self.queues))
-        return self._look.one_unit(
-            lambda: self._due_runs(claimer),
-            lambda busy: self._ready_steps(claimer, busy),
+        batches = self._batches
+        unit = batches.take()
+        if unit is None:
+            if self.stopping.is_set():
+                return 0
+            wanted = batches.reserve()
+            if not wanted:
+                return 0  # units handed to threads hold the free slots
+            try:
+                units = self._claim(claimer, wanted)
+            except BaseException:
+                batches.claimed(wanted, [])
+                raise
+            unit = batches.claimed(wanted, units)
+            if unit is None:
+                return 0
+            if len(units) > 1:
+                self._waits.wake(len(units) - 1)
+        try:
+            # A due run whose first step its claim stored claimed starts at that step.
+            return self._carrier.carry(unit.run_id, claimer, unit.claimed, unit.due)
+        finally:
+            batches.done()
+
+    def _claim(self, claimer: StepClaimer, wanted: int) -> list[Unit]:
+        """Claim up to ``wanted`` units of due work, due runs and ready steps in this
+        thread's look order, each kind in one claim."""
+        return self._look.claim(
+            lambda n: self._due_runs(claimer, n),
+            lambda n, busy: self._ready_steps(claimer, n, busy),
+            wanted,
             self.stopping,
         )
 
-    def _due_runs(self, claimer: StepClaimer) -> int:
-        """Claim a due run and carry it on: how many passes and steps that was."""
+    def _due_runs(self, claimer: StepClaimer, limit: int = 1) -> list[Unit]:
+        """Claim up to ``limit`` due runs (each with its run lease where the store
+        takes it, and its first step stored claimed by ``claimer`` where it can be)."""
         engine = self.engine
-        due_runs = engine.claim_due_run_rows(1, lease_holder=str(uuid.uuid4()), claimer=claimer)
-        return sum(
-            # A run whose first step the claim stored claimed starts at that step.
-            self._carrier.carry(due.run.id, claimer, engine.first_step_claimed(due, claimer), due)
-            for due in due_runs
-        )
+        due_runs = engine.claim_due_run_rows(limit, lease_holder=str(uuid.uuid4()), claimer=claimer)
+        return [Unit(due.run.id, engine.first_step_claimed(due, claimer), due) for due in due_runs]
 
-    def _ready_steps(self, claimer: StepClaimer, busy: bool) -> int:
-        """Claim a ready step and carry its run on: how many steps and passes that was."""
-        found = self.engine.claim_due_steps(self.queues, 1, claimer.worker, busy=busy)
-        return sum(self._carrier.carry(claimed.run_id, claimer, claimed) for claimed in found)
+    def _ready_steps(self, claimer: StepClaimer, limit: int = 1, busy: bool = False) -> list[Unit]:
+        """Claim up to ``limit`` ready steps, each with its own attempt, token and lease."""
+        found = self.engine.claim_due_steps(self.queues, limit, claimer.worker, busy=busy)
+        return [Unit(claimed.run_id, claimed) for claimed in found]
 
     def _async_done(self, claimed: ClaimedStep, outcome: StepOutcome) -> None:
         """An async step settled: count it, and wake the threads for its run's pass."""
@@ -379,7 +416,12 @@ class Worker:
         with self._lock:
             self._idle.add(index)
             # An async step in flight settles later, on the loop: not idle before it has.
-            if len(self._idle) < self.concurrency or self.async_steps.in_flight():
+            # So is a unit handed to a thread that has not taken it yet.
+            if (
+                len(self._idle) < self.concurrency
+                or self.async_steps.in_flight()
+                or self._batches.waiting()
+            ):
                 return False
         return not self._work_pending()
 
