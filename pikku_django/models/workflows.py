@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from pikku_django.models._workflow_queries import (
@@ -398,7 +399,9 @@ class StepAttempt(models.Model):
     result = ReadableJSONField(_("result"), null=True, blank=True)
     error = ReadableJSONField(_("error"), null=True, blank=True)
     worker = models.CharField(_("worker"), max_length=255, blank=True, default="")
-    started_at = models.DateTimeField(_("started"), auto_now_add=True)
+    #: When the attempt was claimed: a claim sets it to the instant its lease starts from,
+    #: so that a lease capped at the step's timeout never lapses before the timeout does.
+    started_at = models.DateTimeField(_("started"), default=timezone.now, editable=False)
     finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
 
     objects = StepAttemptQuerySet.as_manager()

@@ -153,6 +153,7 @@ class OrmStore(OrmClaims):
                 if not running.exists():
                     paused_look.forget(self.using)  # the queue may have been paused
                     return None
+                started = timezone.now()  # read before the lease's clock: see claim_attempt
                 row = self.steps().create(
                     **step.columns(),
                     status=StepStatus.RUNNING,
@@ -162,7 +163,11 @@ class OrmStore(OrmClaims):
                     lease_expires_at=EpochMs() + int(lease_ms),
                 )
                 self.attempts().create(
-                    step_id=row.id, attempt=1, status=StepStatus.RUNNING, worker=worker[:255]
+                    step_id=row.id,
+                    attempt=1,
+                    status=StepStatus.RUNNING,
+                    worker=worker[:255],
+                    started_at=started,
                 )
                 self.runs().filter(
                     id=step.run_id,

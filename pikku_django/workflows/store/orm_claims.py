@@ -132,8 +132,14 @@ class OrmClaims(WorkflowStore):
                 self.attempts().filter(
                     step_id=step.id, attempt=step.attempt, status=AttemptStatus.RUNNING
                 ).update(status=AttemptStatus.SUPERSEDED, finished_at=now)
+            # Started when its lease starts (``now`` was read before the lease's clock):
+            # a lease capped at the timeout then lapses no sooner than the timeout.
             row = self.attempts().create(
-                step_id=step.id, attempt=attempt, status=StepStatus.RUNNING, worker=worker[:255]
+                step_id=step.id,
+                attempt=attempt,
+                status=StepStatus.RUNNING,
+                worker=worker[:255],
+                started_at=now,
             )
             token = self.steps().filter(id=step.id).values_list("claim_token", flat=True).get()
         return Started(row.started_at, int(token))
